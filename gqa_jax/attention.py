@@ -1,0 +1,122 @@
+"""Grouped-query attention: one code path for MHA (K = N), GQA-K and MQA (K = 1).
+
+Letters: ``B`` batch, ``T`` query length, ``S`` key/value length, ``D`` d_model, ``N`` query
+heads, ``K`` K/V heads, ``G = N // K`` query heads per group, ``H`` head dim.
+
+Query head ``n`` belongs to group ``n // G`` and reads K/V head ``n // G`` (contiguous groups,
+as in the paper). K/V are never repeated to N heads: queries are reshaped to
+``[B, T, K, G, H]`` and contract against ``[B, K, S, H]`` directly, so a decode step reads
+K/N of the MHA key/value bytes. K/V are laid out ``[B, K, S, H]`` (the KV-cache layout), which
+measured faster than ``[B, S, K, H]`` for decode on CPU (see DESIGN.md).
+
+T5 rule: logits are NOT scaled by 1/sqrt(H); T5 folds that factor into the query initializer.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gqa_jax.config import ModelConfig
+from gqa_jax.layers import dropout, dtype_of, fan_in_init
+
+Array = jax.Array
+
+# Large negative logit for masked keys: exp() of it is exactly 0 in float32, and a fully
+# masked row stays finite (uniform) instead of NaN.
+MASK_VALUE = -1e10
+
+
+def grouped_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    bias: Array | None = None,
+    mask: Array | None = None,
+    dropout_rate: float = 0.0,
+    rngs: nnx.Rngs | None = None,
+) -> Array:
+    """Attention of N query heads over K shared K/V heads.
+
+    Args:
+      q: ``[B, T, N, H]`` queries.
+      k, v: ``[B, K, S, H]`` keys and values, ``N % K == 0``.
+      bias: ``[N, T, S]`` (or ``[B, N, T, S]``) additive logit bias, per QUERY head.
+      mask: boolean, broadcastable to ``[B, T, S]``; False hides the key.
+    Returns:
+      ``[B, T, N, H]``.
+    """
+    B, T, N, H = q.shape
+    K = k.shape[1]
+    if N % K:
+        raise ValueError(f"grouped_attention: query heads N={N} not divisible by K/V heads K={K}")
+    G = N // K
+    qg = q.reshape(B, T, K, G, H)  # query head n = (n // G, n % G)
+    logits = jnp.einsum("BTKGH,BKSH->BKGTS", qg, k, preferred_element_type=jnp.float32)
+    if bias is not None:
+        S = k.shape[2]
+        logits = logits + bias.reshape(*bias.shape[:-3], K, G, T, S).astype(jnp.float32)
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (B, T, k.shape[2]))[:, None, None]  # [B, 1, 1, T, S]
+        logits = jnp.where(mask, logits, MASK_VALUE)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, K, G, T, S]
+    probs = dropout(probs, dropout_rate, rngs)
+    out = jnp.einsum("BKGTS,BKSH->BTKGH", probs, v)
+    return out.reshape(B, T, N, H)
+
+
+class Attention(nnx.Module):
+    """Projections ``query [D, N, H]``, ``key``/``value [D, K, H]``, ``out [N, H, D]``."""
+
+    def __init__(self, config: ModelConfig, num_kv_heads: int, *, rngs: nnx.Rngs):
+        D, N, H, K = config.d_model, config.num_heads, config.head_dim, num_kv_heads
+        if N % K:
+            raise ValueError(f"Attention: num_heads={N} not divisible by num_kv_heads={K}")
+        pdt = dtype_of(config.param_dtype)
+        # T5: the 1/sqrt(H) logit scale lives in the query initializer, not in the forward pass.
+        self.query = nnx.Param(fan_in_init(D, 1.0 / H)(rngs.params(), (D, N, H), pdt))
+        self.key = nnx.Param(fan_in_init(D)(rngs.params(), (D, K, H), pdt))
+        self.value = nnx.Param(fan_in_init(D)(rngs.params(), (D, K, H), pdt))
+        self.out = nnx.Param(fan_in_init(N * H)(rngs.params(), (N, H, D), pdt))
+        self.num_heads, self.num_kv_heads, self.head_dim = N, K, H
+        self.rate = config.dropout_rate
+        self.dtype = dtype_of(config.dtype)
+
+    def project_q(self, x: Array) -> Array:
+        """``[B, T, D]`` -> ``[B, T, N, H]``."""
+        return jnp.einsum("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype))
+
+    def project_kv(self, x: Array) -> tuple[Array, Array]:
+        """``[B, S, D]`` -> keys, values ``[B, K, S, H]`` each (the cache layout)."""
+        k = jnp.einsum("BSD,DKH->BKSH", x, self.key[...].astype(self.dtype))
+        v = jnp.einsum("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
+        return k, v
+
+    def attend(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        bias: Array | None = None,
+        mask: Array | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> Array:
+        """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
+        o = grouped_attention(q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs)
+        return jnp.einsum("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype))
+
+    def __call__(
+        self,
+        x_q: Array,
+        x_kv: Array,
+        *,
+        bias: Array | None = None,
+        mask: Array | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> Array:
+        """Full (uncached) attention: ``x_q [B, T, D]`` attends over ``x_kv [B, S, D]``."""
+        k, v = self.project_kv(x_kv)
+        return self.attend(self.project_q(x_q), k, v, bias=bias, mask=mask, rngs=rngs)

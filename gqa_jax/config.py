@@ -1,0 +1,186 @@
+"""Model configuration: one frozen dataclass, the T5.1.1 presets, and their validation.
+
+The attention kinds of an encoder-decoder are named
+
+- ``encoder_self``: encoder self-attention (bidirectional; MHA in the paper),
+- ``decoder_self``: decoder self-attention (causal),
+- ``cross``: decoder-to-encoder cross-attention.
+
+``grouped_attentions`` lists which of them use ``num_kv_heads`` K/V heads; the others keep
+``num_heads`` (MHA). The paper groups decoder self- and cross-attention only (section 3.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+ATTENTION_KINDS = ("encoder_self", "decoder_self", "cross")
+MLP_KINDS = ("gated-gelu", "relu")  # T5.1.1 uses gated-gelu; the original T5 used relu.
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and options of a T5-style encoder-decoder with grouped-query attention.
+
+    ``num_kv_heads`` = K: ``K == num_heads`` is MHA, ``K == 1`` is MQA, anything between that
+    divides ``num_heads`` is GQA-K. ``None`` means MHA (K = N).
+    """
+
+    vocab_size: int = 32128
+    d_model: int = 512
+    d_ff: int = 1024
+    num_encoder_layers: int = 8
+    num_decoder_layers: int = 8
+    num_heads: int = 6
+    head_dim: int = 64
+    num_kv_heads: int | None = None
+    grouped_attentions: tuple[str, ...] = ("decoder_self", "cross")
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    dropout_rate: float = 0.0
+    tie_word_embeddings: bool = False
+    mlp_activation: str = "gated-gelu"
+    layer_norm_epsilon: float = 1e-6
+    dtype: str = "float32"  # activations
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        object.__setattr__(self, "grouped_attentions", tuple(self.grouped_attentions))
+        self._validate()
+
+    def _validate(self) -> None:
+        positive = (
+            "vocab_size",
+            "d_model",
+            "d_ff",
+            "num_encoder_layers",
+            "num_decoder_layers",
+            "num_heads",
+            "head_dim",
+            "relative_attention_num_buckets",
+            "relative_attention_max_distance",
+        )
+        bad = [
+            f"{name}={getattr(self, name)!r}"
+            for name in positive
+            if not _is_positive_int(getattr(self, name))
+        ]
+        if bad:
+            raise ValueError(f"ModelConfig: these fields must be positive integers: {', '.join(bad)}")
+        n, k = self.num_heads, self.num_kv_heads
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"ModelConfig: num_kv_heads={k!r} must be an integer >= 1 (1 is MQA).")
+        if k > n:
+            raise ValueError(
+                f"ModelConfig: num_kv_heads={k} is larger than num_heads={n}; "
+                "GQA needs 1 <= num_kv_heads <= num_heads."
+            )
+        if n % k:
+            raise ValueError(
+                f"ModelConfig: num_heads={n} is not divisible by num_kv_heads={k}; "
+                f"choose num_kv_heads from {divisors(n)}."
+            )
+        unknown = [a for a in self.grouped_attentions if a not in ATTENTION_KINDS]
+        if unknown:
+            raise ValueError(
+                f"ModelConfig: unknown attention name(s) {unknown} in grouped_attentions; "
+                f"known: {list(ATTENTION_KINDS)}."
+            )
+        if len(set(self.grouped_attentions)) != len(self.grouped_attentions):
+            raise ValueError(f"ModelConfig: grouped_attentions={self.grouped_attentions} repeats a name.")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"ModelConfig: dropout_rate={self.dropout_rate} must be in [0, 1).")
+        if self.mlp_activation not in MLP_KINDS:
+            raise ValueError(
+                f"ModelConfig: mlp_activation={self.mlp_activation!r}; known: {list(MLP_KINDS)}."
+            )
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"ModelConfig: {name}={getattr(self, name)!r}; known: {list(DTYPES)}.")
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(f"ModelConfig: layer_norm_epsilon={self.layer_norm_epsilon} must be > 0.")
+
+    # ----------------------------------------------------------------------------- helpers
+    def kv_heads(self, attention: str) -> int:
+        """Number of K/V heads of one attention kind (``num_kv_heads`` if grouped, else N)."""
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"unknown attention {attention!r}; known: {list(ATTENTION_KINDS)}")
+        return self.num_kv_heads if attention in self.grouped_attentions else self.num_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["grouped_attentions"] = list(self.grouped_attentions)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"ModelConfig: unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+def _is_positive_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+# T5.1.1 shapes from the Flaxformer gin files (see PAPER.md). Layers are encoder = decoder.
+_PRESETS: dict[str, dict[str, int]] = {
+    "small": dict(d_model=512, d_ff=1024, layers=8, num_heads=6),
+    "base": dict(d_model=768, d_ff=2048, layers=12, num_heads=12),
+    "large": dict(d_model=1024, d_ff=2816, layers=24, num_heads=16),
+    "xl": dict(d_model=2048, d_ff=5120, layers=24, num_heads=32),
+    "xxl": dict(d_model=4096, d_ff=10240, layers=24, num_heads=64),
+}
+T5_1_1_PRESETS = tuple(_PRESETS)
+PRESETS = (*T5_1_1_PRESETS, "tiny")
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A T5.1.1 preset (small, base, large, xl, xxl) or ``tiny`` (for tests), with overrides.
+
+    ``preset("xxl", num_kv_heads=8)`` is the paper's GQA-8-XXL.
+    """
+    if name == "tiny":
+        base: dict[str, Any] = dict(
+            vocab_size=128,
+            d_model=32,
+            d_ff=64,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            head_dim=8,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+        )
+    elif name in _PRESETS:
+        p = _PRESETS[name]
+        base = dict(
+            vocab_size=32128,
+            d_model=p["d_model"],
+            d_ff=p["d_ff"],
+            num_encoder_layers=p["layers"],
+            num_decoder_layers=p["layers"],
+            num_heads=p["num_heads"],
+            head_dim=64,
+        )
+    else:
+        raise ValueError(f"unknown preset {name!r}; known: {list(PRESETS)}")
+    base.update(overrides)
+    return ModelConfig(**base)

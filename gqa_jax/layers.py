@@ -1,0 +1,147 @@
+"""T5.1.1 building blocks: RMS norm, embedding, gated-GELU MLP, relative position bias.
+
+Letters: ``B`` batch, ``T`` query length, ``S`` key length, ``D`` d_model, ``F`` MLP hidden,
+``N`` query heads, ``V`` vocab.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gqa_jax.config import ModelConfig
+
+Array = jax.Array
+
+# Fan-in initializers, as T5X/Flaxformer use them; `in_axis`/`out_axis` name the fan axes.
+_normal = jax.nn.initializers.normal
+
+
+def fan_in_init(fan_in: int, scale: float = 1.0):
+    """Normal init with variance ``scale / fan_in`` (T5's variance_scaling(1, fan_in, normal))."""
+    return _normal(stddev=math.sqrt(scale / fan_in))
+
+
+def dtype_of(name: str) -> jnp.dtype:
+    return jnp.dtype(name)
+
+
+def dropout(x: Array, rate: float, rngs: nnx.Rngs | None) -> Array:
+    """Inverted dropout; a no-op when ``rngs`` is None (evaluation) or the rate is 0."""
+    if rngs is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """T5 layer norm: scale only, no mean subtraction, no bias; statistics in float32."""
+
+    def __init__(self, dim: int, config: ModelConfig):
+        self.scale = nnx.Param(jnp.ones((dim,), dtype_of(config.param_dtype)))
+        self.eps = config.layer_norm_epsilon
+        self.dtype = dtype_of(config.dtype)
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        y = x32 * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class Embed(nnx.Module):
+    """Token embedding ``[V, D]``; also the output layer when embeddings are tied."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        init = _normal(stddev=1.0)
+        shape = (config.vocab_size, config.d_model)
+        self.embedding = nnx.Param(init(rngs.params(), shape, dtype_of(config.param_dtype)))
+        self.dtype = dtype_of(config.dtype)
+
+    def __call__(self, ids: Array) -> Array:
+        """``ids [B, T]`` -> ``[B, T, D]``."""
+        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        """Tied logits: ``[B, T, D] x [V, D] -> [B, T, V]``."""
+        return jnp.einsum("BTD,VD->BTV", x, self.embedding[...].astype(self.dtype))
+
+
+class MLP(nnx.Module):
+    """T5.1.1 gated-GELU MLP ``wo(gelu(x wi_0) * (x wi_1))`` (no biases); or ReLU for T5 v1.0."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        D, F = config.d_model, config.d_ff
+        pdt = dtype_of(config.param_dtype)
+        self.gated = config.mlp_activation == "gated-gelu"
+        self.wi_0 = nnx.Param(fan_in_init(D)(rngs.params(), (D, F), pdt))
+        if self.gated:
+            self.wi_1 = nnx.Param(fan_in_init(D)(rngs.params(), (D, F), pdt))
+        self.wo = nnx.Param(fan_in_init(F)(rngs.params(), (F, D), pdt))
+        self.rate = config.dropout_rate
+        self.dtype = dtype_of(config.dtype)
+
+    def __call__(self, x: Array, rngs: nnx.Rngs | None = None) -> Array:
+        """``x [B, T, D]`` -> ``[B, T, D]``."""
+        h = jnp.einsum("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype))
+        if self.gated:
+            # T5.1.1 (and HF's "gelu_new") use the tanh approximation of GELU.
+            h = jax.nn.gelu(h, approximate=True)
+            h = h * jnp.einsum("BTD,DF->BTF", x, self.wi_1[...].astype(self.dtype))
+        else:
+            h = jax.nn.relu(h)
+        h = dropout(h, self.rate, rngs)
+        return jnp.einsum("BTF,FD->BTD", h, self.wo[...].astype(self.dtype))
+
+
+def relative_position_bucket(
+    relative_position: Array, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Array:
+    """Map ``key_position - query_position`` to T5's bucket ids.
+
+    Half the buckets (all of them when causal) hold exact small distances; the rest cover
+    distances up to ``max_distance`` on a log scale; anything farther shares the last bucket.
+    Bidirectional: keys after the query use the upper half of the buckets. Causal: keys after
+    the query (which the mask hides anyway) fall in bucket 0.
+    """
+    rel = jnp.asarray(relative_position, jnp.int32)
+    offset = jnp.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        offset = jnp.where(rel > 0, num_buckets, 0)
+        distance = jnp.abs(rel)
+    else:
+        distance = jnp.maximum(-rel, 0)
+    exact = num_buckets // 2
+    # Log-spaced bucket for distances >= exact (float32 as in T5/HF; clipped to the last bucket).
+    scaled = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / exact) / math.log(max_distance / exact)
+    log_bucket = exact + (scaled * (num_buckets - exact)).astype(jnp.int32)
+    log_bucket = jnp.minimum(log_bucket, num_buckets - 1)
+    return offset + jnp.where(distance < exact, distance, log_bucket)
+
+
+class RelativePositionBias(nnx.Module):
+    """One table ``[buckets, N]`` per stack, shared by its layers; the bias is per query head."""
+
+    def __init__(self, config: ModelConfig, *, bidirectional: bool, rngs: nnx.Rngs):
+        shape = (config.relative_attention_num_buckets, config.num_heads)
+        init = jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+        self.embedding = nnx.Param(init(rngs.params(), shape, dtype_of(config.param_dtype)))
+        self.bidirectional = bidirectional
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+
+    def __call__(self, query_positions: Array, key_positions: Array) -> Array:
+        """``query_positions [T]``, ``key_positions [S]`` -> bias ``[N, T, S]`` (float32)."""
+        rel = key_positions[None, :] - query_positions[:, None]  # [T, S]
+        buckets = relative_position_bucket(
+            rel,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        bias = jnp.take(self.embedding[...].astype(jnp.float32), buckets, axis=0)  # [T, S, N]
+        return jnp.transpose(bias, (2, 0, 1))

@@ -1,0 +1,184 @@
+"""T5.1.1 encoder-decoder whose attentions can be MHA, GQA-K or MQA (Flax NNX).
+
+Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length, ``D`` d_model, ``V`` vocab,
+``N`` query heads.
+
+Read top to bottom: an encoder layer is pre-norm self-attention + pre-norm MLP, each added to
+the residual stream after dropout; a decoder layer adds pre-norm cross-attention between them.
+Each stack owns one relative position bias table shared by all its layers (bidirectional in the
+encoder, causal in the decoder, none in cross-attention). Which attentions are grouped comes
+from ``ModelConfig.grouped_attentions``; every attention uses the same ``Attention`` class with
+``config.kv_heads(kind)`` K/V heads.
+
+Padding is id 0: it is masked as a key in the encoder and in cross-attention. The decoder input
+starts with id 0 (the start token), so decoder self-attention is masked causally only.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gqa_jax.attention import Attention
+from gqa_jax.config import ModelConfig
+from gqa_jax.layers import MLP, Embed, RelativePositionBias, RMSNorm, dropout, dtype_of, fan_in_init
+
+Array = jax.Array
+
+PAD_ID = 0
+EOS_ID = 1
+DECODER_START_ID = 0
+
+
+class EncoderLayer(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(config.d_model, config)
+        self.attn = Attention(config, config.kv_heads("encoder_self"), rngs=rngs)
+        self.mlp_norm = RMSNorm(config.d_model, config)
+        self.mlp = MLP(config, rngs=rngs)
+        self.rate = config.dropout_rate
+
+    def __call__(self, x: Array, *, bias: Array, mask: Array, rngs: nnx.Rngs | None) -> Array:
+        """``x [B, S, D]``, ``bias [N, S, S]``, ``mask [B, 1, S]`` -> ``[B, S, D]``."""
+        h = self.attn_norm(x)
+        x = x + dropout(self.attn(h, h, bias=bias, mask=mask, rngs=rngs), self.rate, rngs)
+        x = x + dropout(self.mlp(self.mlp_norm(x), rngs), self.rate, rngs)
+        return x
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.self_attn_norm = RMSNorm(config.d_model, config)
+        self.self_attn = Attention(config, config.kv_heads("decoder_self"), rngs=rngs)
+        self.cross_attn_norm = RMSNorm(config.d_model, config)
+        self.cross_attn = Attention(config, config.kv_heads("cross"), rngs=rngs)
+        self.mlp_norm = RMSNorm(config.d_model, config)
+        self.mlp = MLP(config, rngs=rngs)
+        self.rate = config.dropout_rate
+
+    def __call__(
+        self,
+        y: Array,
+        encoded: Array,
+        *,
+        self_bias: Array,
+        self_mask: Array,
+        cross_mask: Array,
+        rngs: nnx.Rngs | None,
+    ) -> Array:
+        """``y [B, T, D]``, ``encoded [B, S, D]``, ``self_bias [N, T, T]``, masks ``[*, T, T]``
+        and ``[B, 1, S]`` -> ``[B, T, D]``."""
+        h = self.self_attn_norm(y)
+        y = y + dropout(self.self_attn(h, h, bias=self_bias, mask=self_mask, rngs=rngs), self.rate, rngs)
+        h = self.cross_attn_norm(y)
+        y = y + dropout(self.cross_attn(h, encoded, mask=cross_mask, rngs=rngs), self.rate, rngs)
+        y = y + dropout(self.mlp(self.mlp_norm(y), rngs), self.rate, rngs)
+        return y
+
+
+class Encoder(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.relpos = RelativePositionBias(config, bidirectional=True, rngs=rngs)
+        self.layers = nnx.List([EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)])
+        self.final_norm = RMSNorm(config.d_model, config)
+        self.rate = config.dropout_rate
+
+    def __call__(self, x: Array, mask: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+        """Embedded inputs ``x [B, S, D]``, key mask ``[B, S]`` -> encoded ``[B, S, D]``."""
+        pos = jnp.arange(x.shape[1])
+        bias = self.relpos(pos, pos)  # [N, S, S], computed once, shared by all layers
+        x = dropout(x, self.rate, rngs)
+        for layer in self.layers:
+            x = layer(x, bias=bias, mask=mask[:, None, :], rngs=rngs)
+        return dropout(self.final_norm(x), self.rate, rngs)
+
+
+class Decoder(nnx.Module):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.relpos = RelativePositionBias(config, bidirectional=False, rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_decoder_layers)])
+        self.final_norm = RMSNorm(config.d_model, config)
+        self.rate = config.dropout_rate
+
+    def __call__(
+        self, y: Array, encoded: Array, encoder_mask: Array, *, rngs: nnx.Rngs | None = None
+    ) -> Array:
+        """Embedded decoder inputs ``y [B, T, D]`` over ``encoded [B, S, D]`` -> ``[B, T, D]``."""
+        T = y.shape[1]
+        pos = jnp.arange(T)
+        bias = self.relpos(pos, pos)  # [N, T, T]
+        causal = pos[None, :] <= pos[:, None]  # [T, T]: key position <= query position
+        y = dropout(y, self.rate, rngs)
+        for layer in self.layers:
+            y = layer(
+                y, encoded, self_bias=bias, self_mask=causal, cross_mask=encoder_mask[:, None, :], rngs=rngs
+            )
+        return dropout(self.final_norm(y), self.rate, rngs)
+
+
+class T5(nnx.Module):
+    """The encoder-decoder. ``T5(config, rngs=nnx.Rngs(0))(encoder_ids, decoder_ids) -> logits``."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.shared = Embed(config, rngs=rngs)
+        self.encoder = Encoder(config, rngs=rngs)
+        self.decoder = Decoder(config, rngs=rngs)
+        if not config.tie_word_embeddings:
+            D, V = config.d_model, config.vocab_size
+            self.lm_head = nnx.Param(fan_in_init(D)(rngs.params(), (D, V), dtype_of(config.param_dtype)))
+
+    def encode(self, encoder_input_ids: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+        """``encoder_input_ids [B, S]`` -> encoded ``[B, S, D]`` (padding id 0 is masked)."""
+        _check_ids("encoder_input_ids", encoder_input_ids)
+        mask = encoder_input_ids != PAD_ID
+        return self.encoder(self.shared(encoder_input_ids), mask, rngs=rngs)
+
+    def logits(self, hidden: Array) -> Array:
+        """Decoder output ``[B, T, D]`` -> logits ``[B, T, V]`` (float32)."""
+        if self.config.tie_word_embeddings:
+            # Original T5 (tied): rescale before reusing the embedding as the output layer.
+            hidden = hidden * (self.config.d_model**-0.5)
+            out = self.shared.attend(hidden)
+        else:
+            out = jnp.einsum("BTD,DV->BTV", hidden, self.lm_head[...].astype(hidden.dtype))
+        return out.astype(jnp.float32)
+
+    def decode(
+        self,
+        decoder_input_ids: Array,
+        encoded: Array,
+        encoder_mask: Array,
+        *,
+        rngs: nnx.Rngs | None = None,
+    ) -> Array:
+        """Teacher-forced decoder: ``decoder_input_ids [B, T]``, ``encoded [B, S, D]``,
+        ``encoder_mask [B, S]`` -> logits ``[B, T, V]``."""
+        _check_ids("decoder_input_ids", decoder_input_ids)
+        hidden = self.decoder(self.shared(decoder_input_ids), encoded, encoder_mask, rngs=rngs)
+        return self.logits(hidden)
+
+    def __call__(
+        self, encoder_input_ids: Array, decoder_input_ids: Array, *, rngs: nnx.Rngs | None = None
+    ) -> Array:
+        """``[B, S]`` and ``[B, T]`` token ids -> logits ``[B, T, V]``. ``rngs`` enables dropout."""
+        if encoder_input_ids.shape[0] != decoder_input_ids.shape[0]:
+            raise ValueError(
+                f"batch sizes differ: encoder_input_ids {encoder_input_ids.shape} vs "
+                f"decoder_input_ids {decoder_input_ids.shape}"
+            )
+        encoded = self.encode(encoder_input_ids, rngs=rngs)
+        return self.decode(decoder_input_ids, encoded, encoder_input_ids != PAD_ID, rngs=rngs)
+
+
+def _check_ids(name: str, ids: Array) -> None:
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must be [batch, length] token ids; got shape {ids.shape}")
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integer token ids; got dtype {ids.dtype}")
+
+
+def shift_right(target_ids: Array) -> Array:
+    """Teacher forcing: decoder inputs are the targets shifted right behind the start id 0."""
+    return jnp.pad(target_ids, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]

@@ -163,6 +163,8 @@ class T5(nnx.Module):
         self, encoder_input_ids: Array, decoder_input_ids: Array, *, rngs: nnx.Rngs | None = None
     ) -> Array:
         """``[B, S]`` and ``[B, T]`` token ids -> logits ``[B, T, V]``. ``rngs`` enables dropout."""
+        _check_ids("encoder_input_ids", encoder_input_ids)
+        _check_ids("decoder_input_ids", decoder_input_ids)
         if encoder_input_ids.shape[0] != decoder_input_ids.shape[0]:
             raise ValueError(
                 f"batch sizes differ: encoder_input_ids {encoder_input_ids.shape} vs "

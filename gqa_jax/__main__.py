@@ -1,0 +1,179 @@
+"""``python -m gqa_jax <command>``: a thin command line over the library.
+
+Commands:
+  demo   the main job for now: tiny random MHA / GQA-2 / MQA models, forward pass, sizes.
+  info   parameter counts, K/V heads and KV-cache bytes of a T5.1.1 preset (nothing allocated).
+
+Each command is a pair (add its arguments to a parser, run it on the parsed args -> exit code)
+in ``COMMANDS``. Bad input is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+PROG = "python -m gqa_jax"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line on stderr (exit code 2), without the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+# ------------------------------------------------------------------------------------ info
+def _add_info_args(p: argparse.ArgumentParser) -> None:
+    from gqa_jax.config import ATTENTION_KINDS, PRESETS
+
+    p.add_argument(
+        "--preset",
+        required=True,
+        help=f"model preset: one of {', '.join(PRESETS)}, or 'all' for a table of the five T5.1.1 presets",
+    )
+    p.add_argument(
+        "--num-kv-heads",
+        type=int,
+        default=None,
+        help="K/V heads K of the grouped attentions (1 = MQA; must divide the query heads) "
+        "(default: MHA, K = num_heads)",
+    )
+    p.add_argument(
+        "--attentions",
+        default=None,
+        help=f"comma-separated attentions that use --num-kv-heads, from {','.join(ATTENTION_KINDS)}; "
+        "'' for none (default: decoder_self,cross as in the paper)",
+    )
+    p.add_argument(
+        "--batch", type=_positive_int, default=1, help="batch size for the cache bytes (default: %(default)s)"
+    )
+    p.add_argument(
+        "--input-len",
+        type=_positive_int,
+        default=2048,
+        help="encoder length S of the cross-attention cache (default: %(default)s, as in the paper's Fig. 6)",
+    )
+    p.add_argument(
+        "--output-len",
+        type=_positive_int,
+        default=512,
+        help="decoder length T of the self-attention cache (default: %(default)s, as in the paper's Fig. 6)",
+    )
+    p.add_argument("--dtype", default="bfloat16", help="cache element dtype (default: %(default)s)")
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    from gqa_jax import info
+    from gqa_jax.config import preset
+
+    attentions = None
+    if args.attentions is not None:
+        attentions = tuple(a.strip() for a in args.attentions.split(",") if a.strip())
+    cache_args = dict(
+        batch=args.batch, input_len=args.input_len, output_len=args.output_len, dtype=args.dtype
+    )
+    if args.preset == "all":
+        print(
+            info.presets_report(num_kv_heads=args.num_kv_heads, grouped_attentions=attentions, **cache_args)
+        )
+        return 0
+    overrides = {"num_kv_heads": args.num_kv_heads}
+    if attentions is not None:
+        overrides["grouped_attentions"] = attentions
+    config = preset(args.preset, **overrides)
+    print(info.info_report(config, name=args.preset, **cache_args))
+    return 0
+
+
+# ------------------------------------------------------------------------------------ demo
+def _add_demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    """Tiny MHA, GQA-2 and MQA models side by side: a stand-in until the mini reproduction exists."""
+    import time
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from gqa_jax import info
+    from gqa_jax.cache import expected_cache_bytes
+    from gqa_jax.config import preset
+    from gqa_jax.model import T5
+
+    rng = np.random.default_rng(args.seed)
+    batch, input_len, output_len = 4, 32, 16
+    enc = rng.integers(2, 128, size=(batch, input_len))
+    enc[1, 20:] = 0  # padded rows: padding is id 0
+    dec = np.concatenate([np.zeros((batch, 1), int), rng.integers(2, 128, (batch, output_len - 1))], 1)
+    print(f"tiny T5.1.1-style models, batch {batch}, input {input_len}, output {output_len}, float32\n")
+    print(
+        f"{'model':8} {'kv heads':>8} {'params':>8} {'KV cache bytes':>15} {'vs MHA':>7} {'forward ms':>11}"
+    )
+    mha_bytes = None
+    for name, k in (("MHA", 4), ("GQA-2", 2), ("MQA", 1)):
+        config = preset("tiny", num_kv_heads=k)
+        model = T5(config, rngs=nnx.Rngs(args.seed))
+        graphdef, params = nnx.split(model)
+        forward = jax.jit(lambda p, e, d, g=graphdef: nnx.merge(g, p)(e, d))
+        logits = jax.block_until_ready(forward(params, enc, dec))  # compile
+        start = time.perf_counter()
+        logits = jax.block_until_ready(forward(params, enc, dec))
+        ms = 1e3 * (time.perf_counter() - start)
+        if not np.isfinite(np.asarray(logits)).all():
+            raise RuntimeError(f"{name}: non-finite logits")
+        cache = expected_cache_bytes(config, batch, input_len, output_len, "float32")["total"]
+        mha_bytes = mha_bytes or cache
+        total = info.param_counts(config)["total"]
+        print(f"{name:8} {k:>8} {total:>8,} {cache:>15,} {cache / mha_bytes:>7.3f} {ms:>11.2f}")
+    print("\nThe embedded mini reproduction (pre-train, convert, uptrain, fine-tune, decode) replaces")
+    print("this demo once the data, conversion, decoding and training issues land.")
+    return 0
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
+    "demo": ("tiny MHA / GQA-2 / MQA models: forward pass, sizes", _add_demo_args, _run_demo),
+    "info": (
+        "parameter counts, K/V heads and KV-cache bytes of a preset (nothing allocated)",
+        _add_info_args,
+        _run_info,
+    ),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
+    parser = _Parser(prog=PROG, description="Grouped-query attention for T5.1.1 in JAX / Flax NNX.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add_args, _) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=help_text, description=help_text))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2): return the code, never raise
+        return e.code if isinstance(e.code, int) else 2
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return COMMANDS[args.command][2](args)
+    except ValueError as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

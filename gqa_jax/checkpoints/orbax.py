@@ -1,0 +1,165 @@
+"""Our checkpoint format: a directory that alone rebuilds a ``T5`` model.
+
+Layout::
+
+    path/checkpoint.json   {"format": "gqa_jax", "version": 1}, written last
+    path/config.json       the ModelConfig (ModelConfig.to_json)
+    path/params/           the nnx.Param state as a pure nested dict, saved with orbax
+
+Parameters go through ``orbax.checkpoint.StandardCheckpointer`` (the checkpointer Flax's NNX
+guide uses). ``save`` writes into a temporary sibling directory and renames it into place, so
+a half-written checkpoint never sits at ``path``. ``load`` builds the model abstractly
+(``nnx.eval_shape``: no random init is computed) and restores the parameters into it, after
+checking every stored shape and dtype against the config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from gqa_jax.config import ModelConfig
+from gqa_jax.model import T5
+
+FORMAT = {"format": "gqa_jax", "version": 1}
+MARKER, CONFIG, PARAMS = "checkpoint.json", "config.json", "params"
+
+
+def save(model: T5, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Save ``model``'s parameters and config to the directory ``path``; returns its absolute path.
+
+    An existing non-empty ``path`` is refused unless ``overwrite=True``, and even then only an
+    existing gqa_jax checkpoint is replaced (never an arbitrary directory), after the new one
+    is complete.
+    """
+    path = Path(path).expanduser().absolute()
+    if path.exists() and not _is_empty_dir(path):
+        if not overwrite:
+            raise FileExistsError(
+                f"checkpoint destination {path} already exists and is not empty; "
+                "pass overwrite=True to replace it, or choose another path"
+            )
+        if not (path / MARKER).is_file():
+            raise FileExistsError(
+                f"refusing to overwrite {path}: it is not a gqa_jax checkpoint (no {MARKER}); "
+                "remove it yourself or choose another path"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _fresh_sibling(path, "tmp")
+    try:
+        (tmp / CONFIG).write_text(model.config.to_json() + "\n")
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(tmp / PARAMS, params)
+            checkpointer.wait_until_finished()
+        (tmp / MARKER).write_text(json.dumps(FORMAT) + "\n")  # last: the checkpoint is complete
+        _move_into_place(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # only left over if something failed
+    return path
+
+
+def load(path: str | os.PathLike) -> tuple[T5, ModelConfig]:
+    """Rebuild ``(model, config)`` from a directory written by :func:`save`."""
+    path = Path(path).expanduser().absolute()
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}: the path does not exist")
+    missing = [name for name in (MARKER, CONFIG, PARAMS) if not (path / name).exists()]
+    if missing:
+        raise ValueError(
+            f"{path} is not a gqa_jax checkpoint: missing {', '.join(missing)}; "
+            "expected a directory written by gqa_jax.checkpoints.save"
+        )
+    marker = _read_json(path / MARKER)
+    if marker != FORMAT:
+        raise ValueError(f"{path / MARKER}: unsupported checkpoint format {marker}; this code reads {FORMAT}")
+    fields = _read_json(path / CONFIG)
+    try:
+        if not isinstance(fields, dict):
+            raise ValueError(f"expected a JSON object of ModelConfig fields, got {type(fields).__name__}")
+        config = ModelConfig.from_dict(fields)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path / CONFIG}: invalid model config: {e}") from e
+
+    model = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+    state = nnx.state(model, nnx.Param)
+    target = nnx.to_pure_dict(state)  # nested dict of jax.ShapeDtypeStruct
+    with ocp.StandardCheckpointer() as checkpointer:
+        try:
+            stored = checkpointer.metadata(path / PARAMS).item_metadata.tree
+        except Exception as e:
+            raise ValueError(f"{path / PARAMS}: cannot read the orbax parameter metadata: {e}") from e
+        _check_matches(dict(_flatten(target)), dict(_flatten(stored)), path)
+        params = checkpointer.restore(path / PARAMS, target)
+    nnx.replace_by_pure_dict(state, params)
+    nnx.update(model, state)
+    return model, config
+
+
+def _check_matches(expected: dict[str, Any], stored: dict[str, Any], path: Path) -> None:
+    """Raise a ValueError listing every parameter whose presence, shape or dtype differ."""
+    problems = [f"{k}: missing from checkpoint" for k in sorted(expected.keys() - stored.keys())]
+    problems += [f"{k}: in checkpoint but not in the model" for k in sorted(stored.keys() - expected.keys())]
+    for k in sorted(expected.keys() & stored.keys()):
+        want, got = expected[k], stored[k]
+        if tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype:
+            problems.append(
+                f"{k}: config expects {tuple(want.shape)} {want.dtype}, "
+                f"checkpoint has {tuple(got.shape)} {got.dtype}"
+            )
+    if problems:
+        raise ValueError(
+            f"{path}: parameters do not match {path / CONFIG} (was the config edited?):\n  "
+            + "\n  ".join(problems)
+        )
+
+
+def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"a": {0: x}}`` -> ``[("a.0", x)]`` (orbax stores integer keys as strings)."""
+    items = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        items += _flatten(value, f"{name}.") if isinstance(value, dict) else [(name, value)]
+    return items
+
+
+def _move_into_place(new: Path, path: Path) -> None:
+    """Rename the complete checkpoint ``new`` to ``path``; an old ``path`` is deleted only after."""
+    if not path.exists():
+        os.replace(new, path)
+        return
+    old = _fresh_sibling(path, "old")
+    os.replace(path, old / path.name)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.replace(old / path.name, path)  # put the old checkpoint back
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fresh_sibling(path: Path, tag: str) -> Path:
+    """Create an empty directory ``path.<tag>-<random>`` beside ``path`` (mode from the umask,
+    unlike tempfile.mkdtemp's 0700)."""
+    sibling = path.with_name(f"{path.name}.{tag}-{secrets.token_hex(4)}")
+    sibling.mkdir()
+    return sibling
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file}: cannot read JSON: {e}") from e
+
+
+def _is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())

@@ -1,0 +1,127 @@
+"""The encoder-decoder: shapes, grouping by config, padding, causality, dropout, jit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gqa_jax.config import ATTENTION_KINDS, preset
+from gqa_jax.model import T5, shift_right
+
+ENC = jnp.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0], [14, 15, 0, 0, 0, 0]])
+DEC = jnp.array([[0, 3, 4, 5], [0, 6, 7, 8], [0, 9, 10, 11]])
+
+
+@nnx.jit
+def run(model, enc, dec, rngs=None):
+    """Jitted forward: one compile per shape instead of one per op."""
+    return model(enc, dec, rngs=rngs)
+
+
+def make(**overrides):
+    cfg = preset("tiny", **overrides)
+    return T5(cfg, rngs=nnx.Rngs(0)), cfg
+
+
+@pytest.mark.parametrize("num_kv", [4, 2, 1])
+def test_forward_shapes_and_kv_heads_by_attention_kind(num_kv):
+    model, cfg = make(num_kv_heads=num_kv)
+    logits = run(model, ENC, DEC)
+    assert logits.shape == (3, 4, cfg.vocab_size) and logits.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(logits)))
+    dec = model.decoder.layers[0]
+    assert dec.self_attn.key.shape[1] == dec.cross_attn.value.shape[1] == num_kv
+    assert model.encoder.layers[0].attn.key.shape[1] == cfg.num_heads  # encoder stays MHA
+
+
+def test_encoder_grouped_only_when_configured():
+    model, _ = make(num_kv_heads=1, grouped_attentions=ATTENTION_KINDS)
+    assert model.encoder.layers[1].attn.key.shape[1] == 1
+    model, _ = make(num_kv_heads=2, grouped_attentions=("cross",))
+    assert model.decoder.layers[0].self_attn.key.shape[1] == 4
+    assert model.decoder.layers[0].cross_attn.key.shape[1] == 2
+
+
+def test_gqa_with_k_equal_n_is_the_mha_model():
+    mha, _ = make(grouped_attentions=())
+    gqa, _ = make(num_kv_heads=4)  # all grouped attentions at K = N
+    nnx.update(gqa, nnx.state(mha, nnx.Param))
+    np.testing.assert_array_equal(np.asarray(gqa(ENC, DEC)), np.asarray(mha(ENC, DEC)))
+
+
+def test_trailing_encoder_padding_changes_nothing():
+    model, _ = make(num_kv_heads=2)
+    short = run(model, ENC, DEC)
+    padded = run(model, jnp.pad(ENC, ((0, 0), (0, 5))), DEC)
+    np.testing.assert_allclose(np.asarray(padded), np.asarray(short), atol=1e-5)
+    # Each row alone equals the row inside the padded batch.
+    for i in range(ENC.shape[0]):
+        n = int((ENC[i] != 0).sum())
+        alone = run(model, ENC[i : i + 1, :n], DEC[i : i + 1])
+        np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(short[i]), atol=1e-5)
+
+
+def test_decoder_is_causal():
+    model, _ = make(num_kv_heads=1)
+    a = run(model, ENC, DEC)
+    b = run(model, ENC, DEC.at[:, 2:].set(42))
+    np.testing.assert_array_equal(np.asarray(a[:, :2]), np.asarray(b[:, :2]))
+    assert not np.allclose(np.asarray(a[:, 2:]), np.asarray(b[:, 2:]))
+
+
+def test_tied_and_untied_output_layers():
+    tied, cfg = make(tie_word_embeddings=True)
+    assert not hasattr(tied, "lm_head")
+    hidden = tied.decoder(tied.shared(DEC), tied.encode(ENC), ENC != 0)
+    want = jnp.einsum("btd,vd->btv", hidden * cfg.d_model**-0.5, tied.shared.embedding[...])
+    np.testing.assert_allclose(np.asarray(tied(ENC, DEC)), np.asarray(want), atol=1e-5)
+    untied, cfg = make()
+    assert untied.lm_head.shape == (cfg.d_model, cfg.vocab_size)
+
+
+def test_dropout_only_with_rngs_and_reproducible():
+    # rbg keys: XLA compiles them ~4x faster than threefry on CPU (many dropout sites).
+    model, _ = make(num_kv_heads=2, dropout_rate=0.3)
+    det = run(model, ENC, DEC)
+    np.testing.assert_array_equal(np.asarray(det), np.asarray(run(model, ENC, DEC)))
+    d1 = run(model, ENC, DEC, nnx.Rngs(dropout=jax.random.key(1, impl="rbg")))
+    d1_again = run(model, ENC, DEC, nnx.Rngs(dropout=jax.random.key(1, impl="rbg")))
+    d2 = run(model, ENC, DEC, nnx.Rngs(dropout=jax.random.key(2, impl="rbg")))
+    np.testing.assert_array_equal(np.asarray(d1), np.asarray(d1_again))
+    assert not np.allclose(np.asarray(d1), np.asarray(det))
+    assert not np.allclose(np.asarray(d1), np.asarray(d2))
+
+
+def test_functional_jit_core_matches_eager():
+    model, _ = make(num_kv_heads=2)
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def forward(params, enc, dec):
+        return nnx.merge(graphdef, params)(enc, dec)
+
+    np.testing.assert_allclose(np.asarray(forward(params, ENC, DEC)), np.asarray(model(ENC, DEC)), atol=1e-5)
+
+
+def test_bfloat16_activations_run_and_stay_close():
+    model, _ = make(num_kv_heads=2)
+    bf16, _ = make(num_kv_heads=2, dtype="bfloat16")
+    nnx.update(bf16, nnx.state(model, nnx.Param))
+    a, b = np.asarray(run(model, ENC, DEC)), np.asarray(run(bf16, ENC, DEC))
+    assert b.dtype == np.float32  # logits are returned in float32
+    assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
+
+
+def test_bad_inputs():
+    model, _ = make()
+    with pytest.raises(ValueError, match=r"encoder_input_ids must be \[batch, length\].*\(6,\)"):
+        model(ENC[0], DEC)
+    with pytest.raises(ValueError, match="integer token ids"):
+        model(ENC.astype(jnp.float32), DEC)
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        model(ENC, DEC[:2])
+
+
+def test_shift_right_starts_with_pad():
+    np.testing.assert_array_equal(np.asarray(shift_right(jnp.array([[7, 8, 1]]))), [[0, 7, 8]])

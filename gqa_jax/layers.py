@@ -135,13 +135,17 @@ class RelativePositionBias(nnx.Module):
         self.max_distance = config.relative_attention_max_distance
 
     def __call__(self, query_positions: Array, key_positions: Array) -> Array:
-        """``query_positions [T]``, ``key_positions [S]`` -> bias ``[N, T, S]`` (float32)."""
-        rel = key_positions[None, :] - query_positions[:, None]  # [T, S]
+        """Positions ``[..., T]`` and ``[S]`` -> bias ``[..., N, T, S]`` (float32).
+
+        Teacher forcing passes ``[T]`` (one bias for the batch); a cached decode step passes
+        each row's own query positions ``[B, T]`` and gets ``[B, N, T, S]``.
+        """
+        rel = key_positions - query_positions[..., :, None]  # [..., T, S]
         buckets = relative_position_bucket(
             rel,
             bidirectional=self.bidirectional,
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        bias = jnp.take(self.embedding[...].astype(jnp.float32), buckets, axis=0)  # [T, S, N]
-        return jnp.transpose(bias, (2, 0, 1))
+        bias = jnp.take(self.embedding[...].astype(jnp.float32), buckets, axis=0)  # [..., T, S, N]
+        return jnp.moveaxis(bias, -1, -3)

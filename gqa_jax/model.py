@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gqa_jax import cache
 from gqa_jax.attention import Attention
 from gqa_jax.config import ModelConfig
 from gqa_jax.layers import MLP, Embed, RelativePositionBias, RMSNorm, dropout, dtype_of, fan_in_init
@@ -60,21 +61,37 @@ class DecoderLayer(nnx.Module):
     def __call__(
         self,
         y: Array,
-        encoded: Array,
+        cross_kv: tuple[Array, Array],
         *,
         self_bias: Array,
         self_mask: Array,
         cross_mask: Array,
-        rngs: nnx.Rngs | None,
-    ) -> Array:
-        """``y [B, T, D]``, ``encoded [B, S, D]``, ``self_bias [N, T, T]``, masks ``[*, T, T]``
-        and ``[B, 1, S]`` -> ``[B, T, D]``."""
+        self_kv: tuple[Array, Array] | None = None,
+        index: Array | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> tuple[Array, tuple[Array, Array]]:
+        """One decoder layer, teacher-forced or cached (the same code for both).
+
+        ``y [B, T, D]``; ``cross_kv``: encoder keys/values ``[B, K, S, H]``; ``self_bias``
+        ``[N, T, S']`` or ``[B, N, T, S']``; ``self_mask`` broadcastable to ``[B, T, S']``;
+        ``cross_mask [B, 1, S]``. Without ``self_kv`` the keys are these T positions
+        (``S' = T``); with ``self_kv`` (``[B, K, T_max, H]`` each) the new keys/values are
+        written at each row's ``index [B]`` and the queries attend over the whole cache
+        (``S' = T_max``). Returns ``(y, (keys, values))``, the latter being the updated cache.
+        """
         h = self.self_attn_norm(y)
-        y = y + dropout(self.self_attn(h, h, bias=self_bias, mask=self_mask, rngs=rngs), self.rate, rngs)
+        k, v = self.self_attn.project_kv(h)  # [B, K, T, H]
+        if self_kv is not None:
+            k, v = cache.write(self_kv[0], k, index), cache.write(self_kv[1], v, index)
+        attn = self.self_attn.attend(
+            self.self_attn.project_q(h), k, v, bias=self_bias, mask=self_mask, rngs=rngs
+        )
+        y = y + dropout(attn, self.rate, rngs)
         h = self.cross_attn_norm(y)
-        y = y + dropout(self.cross_attn(h, encoded, mask=cross_mask, rngs=rngs), self.rate, rngs)
+        attn = self.cross_attn.attend(self.cross_attn.project_q(h), *cross_kv, mask=cross_mask, rngs=rngs)
+        y = y + dropout(attn, self.rate, rngs)
         y = y + dropout(self.mlp(self.mlp_norm(y), rngs), self.rate, rngs)
-        return y
+        return y, (k, v)
 
 
 class Encoder(nnx.Module):
@@ -101,20 +118,52 @@ class Decoder(nnx.Module):
         self.final_norm = RMSNorm(config.d_model, config)
         self.rate = config.dropout_rate
 
+    def cross_kv(self, encoded: Array) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
+        """Every layer's cross-attention keys and values ``[B, K, S, H]`` from ``encoded [B, S, D]``."""
+        kvs = [layer.cross_attn.project_kv(encoded) for layer in self.layers]
+        return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
+
     def __call__(
-        self, y: Array, encoded: Array, encoder_mask: Array, *, rngs: nnx.Rngs | None = None
-    ) -> Array:
-        """Embedded decoder inputs ``y [B, T, D]`` over ``encoded [B, S, D]`` -> ``[B, T, D]``."""
+        self,
+        y: Array,
+        cross_kv: tuple[tuple[Array, ...], tuple[Array, ...]],
+        cross_mask: Array,
+        *,
+        self_kv: tuple[tuple[Array, ...], tuple[Array, ...]] | None = None,
+        index: Array | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> tuple[Array, tuple[tuple[Array, ...], tuple[Array, ...]]]:
+        """Embedded decoder inputs ``y [B, T, D]`` -> ``([B, T, D], self keys/values per layer)``.
+
+        Teacher forcing (``self_kv=None``): positions ``0..T-1`` attend causally to each other.
+        Cached: row b's tokens sit at positions ``index[b] + 0..T-1`` and attend to every cached
+        position up to their own; the bias is computed for just these query positions.
+        """
         T = y.shape[1]
-        pos = jnp.arange(T)
-        bias = self.relpos(pos, pos)  # [N, T, T]
-        causal = pos[None, :] <= pos[:, None]  # [T, T]: key position <= query position
+        if self_kv is None:
+            q_pos = jnp.arange(T)  # [T]
+            k_pos = q_pos
+        else:
+            q_pos = index[:, None] + jnp.arange(T)  # [B, T]
+            k_pos = jnp.arange(self_kv[0][0].shape[2])  # [T_max]
+        bias = self.relpos(q_pos, k_pos)  # [N, T, T] or [B, N, T, T_max]
+        causal = k_pos <= q_pos[..., :, None]  # [T, T] or [B, T, T_max]: key position <= query position
         y = dropout(y, self.rate, rngs)
-        for layer in self.layers:
-            y = layer(
-                y, encoded, self_bias=bias, self_mask=causal, cross_mask=encoder_mask[:, None, :], rngs=rngs
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            y, (k, v) = layer(
+                y,
+                (cross_kv[0][i], cross_kv[1][i]),
+                self_bias=bias,
+                self_mask=causal,
+                cross_mask=cross_mask[:, None, :],
+                self_kv=None if self_kv is None else (self_kv[0][i], self_kv[1][i]),
+                index=index,
+                rngs=rngs,
             )
-        return dropout(self.final_norm(y), self.rate, rngs)
+            new_k.append(k)
+            new_v.append(v)
+        return dropout(self.final_norm(y), self.rate, rngs), (tuple(new_k), tuple(new_v))
 
 
 class T5(nnx.Module):
@@ -156,8 +205,22 @@ class T5(nnx.Module):
         """Teacher-forced decoder: ``decoder_input_ids [B, T]``, ``encoded [B, S, D]``,
         ``encoder_mask [B, S]`` -> logits ``[B, T, V]``."""
         _check_ids("decoder_input_ids", decoder_input_ids)
-        hidden = self.decoder(self.shared(decoder_input_ids), encoded, encoder_mask, rngs=rngs)
+        y = self.shared(decoder_input_ids)
+        hidden, _ = self.decoder(y, self.decoder.cross_kv(encoded), encoder_mask, rngs=rngs)
         return self.logits(hidden)
+
+    def decode_cached(self, decoder_input_ids: Array, kv: cache.KVCache) -> tuple[Array, cache.KVCache]:
+        """Decode ``decoder_input_ids [B, T]`` (usually T = 1) at the cache's positions.
+
+        Returns logits ``[B, T, V]`` and the cache with these tokens' keys/values written and
+        ``index`` advanced by T. Pure: the input cache is not modified.
+        """
+        y = self.shared(decoder_input_ids)
+        hidden, self_kv = self.decoder(
+            y, (kv.cross_k, kv.cross_v), kv.cross_mask, self_kv=(kv.self_k, kv.self_v), index=kv.index
+        )
+        new = kv.replace(self_k=self_kv[0], self_v=self_kv[1], index=kv.index + decoder_input_ids.shape[1])
+        return self.logits(hidden), new
 
     def __call__(
         self, encoder_input_ids: Array, decoder_input_ids: Array, *, rngs: nnx.Rngs | None = None

@@ -73,7 +73,7 @@ def test_decoder_is_causal():
 def test_tied_and_untied_output_layers():
     tied, cfg = make(tie_word_embeddings=True)
     assert not hasattr(tied, "lm_head")
-    hidden = tied.decoder(tied.shared(DEC), tied.encode(ENC), ENC != 0)
+    hidden, _ = tied.decoder(tied.shared(DEC), tied.decoder.cross_kv(tied.encode(ENC)), ENC != 0)
     want = jnp.einsum("btd,vd->btv", hidden * cfg.d_model**-0.5, tied.shared.embedding[...])
     np.testing.assert_allclose(np.asarray(tied(ENC, DEC)), np.asarray(want), atol=1e-5)
     untied, cfg = make()

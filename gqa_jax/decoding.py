@@ -1,0 +1,473 @@
+"""KV-cached decoding: prefill, a pure decode step, greedy / sampling loops, and beam search.
+
+Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = max_decode_len),
+``N`` query heads, ``K`` K/V heads, ``H`` head dim, ``V`` vocab, ``W`` beams.
+
+- ``prefill`` encodes the input once and projects every layer's cross-attention K/V once into
+  the cache (at K heads), plus an empty self-attention cache of ``T_max`` positions.
+- ``decode_step(model, state) -> state`` is pure and jittable alone: it feeds each row's last
+  token, writes its K/V at the row's cache index, and picks the next token (greedy or sampled).
+- ``greedy_decode`` / ``sample_decode`` run ``decode_step`` in a ``lax.while_loop`` under
+  ``jax.jit``; the decoder starts from the pad id 0, rows that emitted EOS keep emitting pad,
+  and the loop stops as soon as every row is done.
+- ``uncached_greedy_decode`` re-runs the whole teacher-forced decoder each step: the reference
+  for tests and the "without cache" row of the benchmark.
+- ``beam_search``: T5X-style length penalty ``((5 + length) / 6) ** alpha``; the beams'
+  self-attention caches are reordered every step (cross K/V are identical across a row's beams).
+
+Every function takes the model as a ``T5`` module or as its ``(graphdef, state)`` split; the
+jitted cores take the split (``nnx.merge`` inside ``jit``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from gqa_jax import cache as kvcache
+from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID, T5
+
+Array = jax.Array
+ModelLike = T5 | tuple[Any, Any]  # a T5 module, or nnx.split(model)
+
+
+@struct.dataclass
+class DecodeState:
+    """The loop carry of greedy / sampled decoding."""
+
+    cache: kvcache.KVCache
+    tokens: Array  # [B, T_max] emitted tokens, pad after EOS
+    last: Array  # [B] the token fed to the next step
+    done: Array  # [B] bool: the row has emitted EOS
+    lengths: Array  # [B] tokens emitted, EOS included
+    step: Array  # [] int32
+    key: Array  # PRNG key for sampling (unused by greedy)
+    logits: Array | None = None  # [B, T_max, V] per-step logits, only when asked for
+
+
+@struct.dataclass
+class DecodeResult:
+    tokens: Array  # [B, T_max] (greedy / sampling) or [B, W, T_max] (beam search, best first)
+    lengths: Array  # [B] or [B, W]
+    scores: Array | None = None  # beam search: length-penalized log-probabilities [B, W]
+    logits: Array | None = None  # [B, T_max, V] when return_logits=True
+
+
+# ------------------------------------------------------------------------ model plumbing
+def _split(model: ModelLike) -> tuple[Any, Any]:
+    return nnx.split(model) if isinstance(model, T5) else model
+
+
+def _config(model: ModelLike):
+    return model.config if isinstance(model, T5) else nnx.merge(*model).config
+
+
+def validate_inputs(
+    config, encoder_input_ids: Any, max_decode_len: int, *, max_input_len: int | None, truncate: bool
+) -> Array:
+    """Check decoding inputs on the host; returns the (possibly truncated) ids as int32."""
+    ids = np.asarray(encoder_input_ids)
+    if ids.ndim != 2:
+        raise ValueError(f"encoder_input_ids must be [batch, length]; got shape {ids.shape}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"empty input: encoder_input_ids has shape {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"encoder_input_ids must be integer token ids; got dtype {ids.dtype}")
+    if ids.min() < 0 or ids.max() >= config.vocab_size:
+        raise ValueError(
+            f"encoder_input_ids has ids outside the vocabulary [0, {config.vocab_size}): "
+            f"min {ids.min()}, max {ids.max()}"
+        )
+    if not isinstance(max_decode_len, int | np.integer) or max_decode_len < 1:
+        raise ValueError(f"max_decode_len={max_decode_len!r} must be an integer >= 1")
+    if max_input_len is not None and ids.shape[1] > max_input_len:
+        if not truncate:
+            raise ValueError(
+                f"inputs of length {ids.shape[1]} exceed max_input_len={max_input_len}; "
+                "shorten them or pass truncate=True to cut them explicitly"
+            )
+        ids = ids[:, :max_input_len]
+    return jnp.asarray(ids, jnp.int32)
+
+
+def prefill(model: T5, encoder_input_ids: Array, max_decode_len: int) -> kvcache.KVCache:
+    """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``."""
+    config = model.config
+    encoded = model.encode(encoder_input_ids)  # [B, S, D]
+    cross_k, cross_v = model.decoder.cross_kv(encoded)  # per layer [B, K, S, H]
+    B = encoder_input_ids.shape[0]
+    self_k, self_v = kvcache.empty_self_cache(config, B, max_decode_len, encoded.dtype)
+    return kvcache.KVCache(
+        self_k=self_k,
+        self_v=self_v,
+        cross_k=cross_k,
+        cross_v=cross_v,
+        cross_mask=encoder_input_ids != PAD_ID,
+        index=jnp.zeros((B,), jnp.int32),
+    )
+
+
+def init_state(cache: kvcache.KVCache, key: Array, *, vocab_size: int, return_logits: bool) -> DecodeState:
+    B, T_max = cache.index.shape[0], cache.max_decode_len
+    return DecodeState(
+        cache=cache,
+        tokens=jnp.full((B, T_max), PAD_ID, jnp.int32),
+        last=jnp.full((B,), DECODER_START_ID, jnp.int32),
+        done=jnp.zeros((B,), bool),
+        lengths=jnp.zeros((B,), jnp.int32),
+        step=jnp.zeros((), jnp.int32),
+        key=key,
+        logits=jnp.zeros((B, T_max, vocab_size), jnp.float32) if return_logits else None,
+    )
+
+
+# ---------------------------------------------------------------------------- token choice
+def choose_tokens(
+    logits: Array, key: Array, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
+) -> Array:
+    """``logits [B, V]`` -> next tokens ``[B]``: argmax at temperature 0 (a Python number), else
+    a sample from ``softmax(logits / temperature)`` restricted to the top-k tokens and the
+    top-p nucleus. ``temperature`` may be traced; ``top_k`` and ``top_p`` are static."""
+    if isinstance(temperature, int | float) and temperature == 0.0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits.astype(jnp.float32) / temperature
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]  # [B, 1]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]  # [B, V] descending
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly better tokens
+        # Keep the smallest prefix whose mass reaches top_p (the best token always stays).
+        cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- the step
+def decode_step(
+    model: T5,
+    state: DecodeState,
+    *,
+    eos_id: int = EOS_ID,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> DecodeState:
+    """One token for every row. Pure: returns a new state; jittable alone."""
+    kvcache.check_cache(model.config, state.cache)
+    logits, cache = model.decode_cached(state.last[:, None], state.cache)  # [B, 1, V]
+    logits = logits[:, 0]
+    key, sub = jax.random.split(state.key)
+    token = choose_tokens(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p)
+    token = jnp.where(state.done, PAD_ID, token)  # finished rows keep emitting pad
+    tokens = jax.lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.step))
+    step_logits = state.logits
+    if step_logits is not None:
+        step_logits = jax.lax.dynamic_update_slice(step_logits, logits[:, None], (0, state.step, 0))
+    return state.replace(
+        cache=cache,
+        tokens=tokens,
+        last=token,
+        done=state.done | (token == eos_id),
+        lengths=state.lengths + (~state.done).astype(jnp.int32),
+        step=state.step + 1,
+        key=key,
+        logits=step_logits,
+    )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef",
+        "max_decode_len",
+        "eos_id",
+        "greedy",
+        "top_k",
+        "top_p",
+        "return_logits",
+    ),
+)
+def _decode_loop(
+    graphdef,
+    params,
+    encoder_input_ids: Array,
+    key: Array,
+    temperature: Array,
+    *,
+    max_decode_len: int,
+    eos_id: int,
+    greedy: bool,
+    top_k: int,
+    top_p: float,
+    return_logits: bool,
+) -> DecodeState:
+    """The jitted loop: ``temperature`` is traced (no recompile per value), the rest static."""
+    model = nnx.merge(graphdef, params)
+    cache = prefill(model, encoder_input_ids, max_decode_len)
+    state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=return_logits)
+    step = functools.partial(
+        decode_step,
+        model,
+        eos_id=eos_id,
+        temperature=0.0 if greedy else temperature,
+        top_k=top_k,
+        top_p=top_p,
+    )
+
+    def running(s: DecodeState) -> Array:
+        return (s.step < max_decode_len) & ~jnp.all(s.done)
+
+    return jax.lax.while_loop(running, step, state)
+
+
+def greedy_decode(
+    model: ModelLike,
+    encoder_input_ids: Any,
+    max_decode_len: int,
+    eos_id: int = EOS_ID,
+    *,
+    max_input_len: int | None = None,
+    truncate: bool = False,
+    return_logits: bool = False,
+) -> DecodeResult:
+    """Greedy decoding with the KV cache. Returns tokens ``[B, T_max]`` (pad after EOS and
+    after an early stop) and lengths ``[B]`` (EOS included)."""
+    return sample_decode(
+        model,
+        encoder_input_ids,
+        max_decode_len,
+        eos_id,
+        temperature=0.0,
+        max_input_len=max_input_len,
+        truncate=truncate,
+        return_logits=return_logits,
+    )
+
+
+def sample_decode(
+    model: ModelLike,
+    encoder_input_ids: Any,
+    max_decode_len: int,
+    eos_id: int = EOS_ID,
+    *,
+    key: Array | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_input_len: int | None = None,
+    truncate: bool = False,
+    return_logits: bool = False,
+) -> DecodeResult:
+    """Sampling with temperature / top-k / top-p and an explicit PRNG ``key`` (same key, same
+    samples). ``temperature=0`` is greedy."""
+    graphdef, params = _split(model)
+    ids = validate_inputs(
+        _config(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
+    )
+    if temperature < 0 or not 0.0 < top_p <= 1.0 or top_k < 0:
+        raise ValueError(
+            f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}"
+        )
+    if temperature > 0 and key is None:
+        raise ValueError("sampling needs an explicit PRNG key: sample_decode(..., key=jax.random.key(0))")
+    state = _decode_loop(
+        graphdef,
+        params,
+        ids,
+        jax.random.key(0) if key is None else key,
+        jnp.float32(temperature),
+        max_decode_len=int(max_decode_len),
+        eos_id=int(eos_id),
+        greedy=temperature == 0.0,
+        top_k=int(top_k),
+        top_p=float(top_p),
+        return_logits=return_logits,
+    )
+    return DecodeResult(tokens=state.tokens, lengths=state.lengths, logits=state.logits)
+
+
+# --------------------------------------------------------------------- the cache-free path
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_decode_len", "eos_id"))
+def _uncached_loop(graphdef, params, encoder_input_ids, *, max_decode_len: int, eos_id: int):
+    model = nnx.merge(graphdef, params)
+    B = encoder_input_ids.shape[0]
+    encoded = model.encode(encoder_input_ids)
+    mask = encoder_input_ids != PAD_ID
+
+    def step(carry):
+        inputs, tokens, logits_all, done, lengths, t = carry
+        logits = model.decode(inputs, encoded, mask)  # [B, T_max, V]: the whole prefix, every step
+        logits = jax.lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)  # [B, V]
+        token = jnp.where(done, PAD_ID, jnp.argmax(logits, -1).astype(jnp.int32))
+        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
+        inputs = jax.lax.dynamic_update_slice(
+            inputs, token[:, None], (0, jnp.minimum(t + 1, max_decode_len - 1))
+        )
+        logits_all = jax.lax.dynamic_update_slice(logits_all, logits[:, None], (0, t, 0))
+        return (
+            inputs,
+            tokens,
+            logits_all,
+            done | (token == eos_id),
+            lengths + (~done).astype(jnp.int32),
+            t + 1,
+        )
+
+    def running(carry):
+        return (carry[5] < max_decode_len) & ~jnp.all(carry[3])
+
+    zeros = jnp.zeros((B, max_decode_len), jnp.int32)  # pad = decoder start id = 0
+    init = (
+        zeros,
+        zeros,
+        jnp.zeros((B, max_decode_len, model.config.vocab_size), jnp.float32),
+        jnp.zeros((B,), bool),
+        jnp.zeros((B,), jnp.int32),
+        jnp.zeros((), jnp.int32),
+    )
+    _, tokens, logits, _, lengths, _ = jax.lax.while_loop(running, step, init)
+    return tokens, lengths, logits
+
+
+def uncached_greedy_decode(
+    model: ModelLike, encoder_input_ids: Any, max_decode_len: int, eos_id: int = EOS_ID
+) -> DecodeResult:
+    """Greedy decoding without a cache: the full decoder over the whole prefix at every step."""
+    graphdef, params = _split(model)
+    ids = validate_inputs(
+        _config(model), encoder_input_ids, max_decode_len, max_input_len=None, truncate=False
+    )
+    tokens, lengths, logits = _uncached_loop(
+        graphdef, params, ids, max_decode_len=int(max_decode_len), eos_id=int(eos_id)
+    )
+    return DecodeResult(tokens=tokens, lengths=lengths, logits=logits)
+
+
+# ---------------------------------------------------------------------------- beam search
+def length_penalty(length: Array, alpha: float) -> Array:
+    """T5X / GNMT: ``((5 + length) / 6) ** alpha``."""
+    return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+
+
+@struct.dataclass
+class BeamState:
+    cache: kvcache.KVCache  # B * W rows, row b * W + w
+    alive_seqs: Array  # [B, W, T_max]
+    alive_logp: Array  # [B, W] summed log-probabilities (-inf for empty slots)
+    fin_seqs: Array  # [B, W, T_max]
+    fin_scores: Array  # [B, W] length-penalized (-inf for empty slots)
+    fin_lengths: Array  # [B, W]
+    step: Array  # []
+
+
+def _gather_beams(x: Array, beams: Array) -> Array:
+    """``x [B, W_in, ...]``, ``beams [B, W_out]`` -> ``[B, W_out, ...]``."""
+    return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_decode_len", "beam_size", "alpha", "eos_id"))
+def _beam_loop(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id):
+    model = nnx.merge(graphdef, params)
+    B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
+    cache = prefill(model, encoder_input_ids, max_decode_len)  # encode B rows once ...
+    cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)  # ... then W beams per row
+    neg_inf = jnp.full((B, W), -jnp.inf)
+    state = BeamState(
+        cache=cache,
+        alive_seqs=jnp.zeros((B, W, T_max), jnp.int32),
+        alive_logp=neg_inf.at[:, 0].set(0.0),  # one live beam at first: no duplicate hypotheses
+        fin_seqs=jnp.zeros((B, W, T_max), jnp.int32),
+        fin_scores=neg_inf,
+        fin_lengths=jnp.zeros((B, W), jnp.int32),
+        step=jnp.zeros((), jnp.int32),
+    )
+    rows = jnp.arange(B)[:, None] * W  # [B, 1]
+
+    def step(s: BeamState) -> BeamState:
+        t = s.step
+        last = jnp.where(
+            t == 0, DECODER_START_ID, jax.lax.dynamic_index_in_dim(s.alive_seqs, t - 1, 2, False)
+        )
+        logits, cache = model.decode_cached(last.reshape(B * W, 1), s.cache)  # [B * W, 1, V]
+        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, V)
+        cand = (s.alive_logp[:, :, None] + logp).reshape(B, W * V)
+        # 2W candidates: at most W of them end in EOS, so W can stay alive.
+        cand_logp, flat = jax.lax.top_k(cand, 2 * W)  # [B, 2W]
+        parent, token = flat // V, (flat % V).astype(jnp.int32)
+        seqs = _gather_beams(s.alive_seqs, parent)
+        seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, t))  # [B, 2W, T_max]
+        # A hypothesis may finish only from the top W candidates (as in HF), so one beam
+        # without length penalty is exactly greedy.
+        ends = ((token == eos_id) | (t + 1 == T_max)) & (jnp.arange(2 * W) < W)
+        # Finished pool: keep the best W of the old finished and the newly finished.
+        new_scores = jnp.where(ends, cand_logp / length_penalty(t + 1, alpha), -jnp.inf)
+        scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)  # [B, 3W]
+        fin_scores, best = jax.lax.top_k(scores, W)
+        fin_seqs = _gather_beams(jnp.concatenate([s.fin_seqs, seqs], axis=1), best)
+        lengths = jnp.concatenate([s.fin_lengths, jnp.full((B, 2 * W), t + 1, jnp.int32)], axis=1)
+        fin_lengths = _gather_beams(lengths, best)
+        # Alive: the best W candidates that did not end in EOS; reorder their caches.
+        alive_logp, keep = jax.lax.top_k(jnp.where(token == eos_id, -jnp.inf, cand_logp), W)
+        alive_seqs = _gather_beams(seqs, keep)
+        src = (rows + _gather_beams(parent, keep)).reshape(B * W)  # cache row of each new beam
+        cache = cache.replace(
+            self_k=tuple(x[src] for x in cache.self_k), self_v=tuple(x[src] for x in cache.self_v)
+        )
+        return BeamState(cache, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_lengths, t + 1)
+
+    def running(s: BeamState) -> Array:
+        # A row is done when its worst kept finished hypothesis beats the best score any alive
+        # beam could still reach (log-probs only fall; the penalty is largest at T_max).
+        best_possible = s.alive_logp[:, 0] / length_penalty(jnp.asarray(T_max), alpha)
+        done = s.fin_scores[:, W - 1] >= best_possible
+        return (s.step < T_max) & ~jnp.all(done)
+
+    s = jax.lax.while_loop(running, step, state)
+    # Pad after EOS: positions past a hypothesis' length are pad.
+    positions = jnp.arange(T_max)[None, None, :]
+    tokens = jnp.where(positions < s.fin_lengths[:, :, None], s.fin_seqs, PAD_ID)
+    return tokens, s.fin_lengths, s.fin_scores
+
+
+def beam_search(
+    model: ModelLike,
+    encoder_input_ids: Any,
+    max_decode_len: int,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    eos_id: int = EOS_ID,
+    max_input_len: int | None = None,
+    truncate: bool = False,
+) -> DecodeResult:
+    """Beam search; returns the ``beam_size`` best hypotheses per row, best first:
+    tokens ``[B, W, T_max]``, lengths ``[B, W]`` and scores ``log p / ((5 + len) / 6) ** alpha``.
+
+    A hypothesis ends at EOS or at ``max_decode_len``, and only a candidate ranked among the
+    step's top ``beam_size`` may end (as in HF). With ``alpha = 0`` one beam is exactly greedy
+    decoding; with ``alpha > 0`` a single beam may legitimately prefer a longer hypothesis than
+    greedy's, because the penalty rewards length.
+    """
+    graphdef, params = _split(model)
+    ids = validate_inputs(
+        _config(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
+    )
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size} must be >= 1")
+    tokens, lengths, scores = _beam_loop(
+        graphdef,
+        params,
+        ids,
+        max_decode_len=int(max_decode_len),
+        beam_size=int(beam_size),
+        alpha=float(alpha),
+        eos_id=int(eos_id),
+    )
+    return DecodeResult(tokens=tokens, lengths=lengths, scores=scores)

@@ -1,0 +1,245 @@
+"""KV-cached decoding: cached == uncached, batch == alone, HF parity, beam search, sampling."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gqa_jax import decoding
+from gqa_jax.cache import cache_bytes, expected_cache_bytes
+from gqa_jax.config import preset
+from gqa_jax.model import T5, shift_right
+
+V = 16  # a small vocabulary, so EOS (id 1) comes up and rows finish at different steps
+MAX = 10
+ENC = np.array(
+    [
+        [5, 6, 7, 8, 9, 10, 11, 12],
+        [11, 12, 13, 3, 0, 0, 0, 0],
+        [14, 15, 0, 0, 0, 0, 0, 0],
+        [2, 4, 6, 8, 10, 12, 0, 0],
+    ]
+)
+
+
+def tiny(num_kv: int, seed: int = 0, **overrides) -> T5:
+    model = T5(preset("tiny", vocab_size=V, num_kv_heads=num_kv, **overrides), rngs=nnx.Rngs(seed))
+    # Make EOS likely enough that rows finish at different steps.
+    model.lm_head[...] = model.lm_head[...].at[:, 1].multiply(2.0)
+    return model
+
+
+@pytest.fixture(scope="module", params=[4, 2, 1], ids=["mha", "gqa2", "mqa"])
+def model(request) -> T5:
+    return tiny(request.param)
+
+
+def test_cached_equals_uncached_tokens_and_step_logits(model):
+    cached = decoding.greedy_decode(model, ENC, MAX, return_logits=True)
+    uncached = decoding.uncached_greedy_decode(model, ENC, MAX)
+    np.testing.assert_array_equal(np.asarray(cached.tokens), np.asarray(uncached.tokens))
+    np.testing.assert_array_equal(np.asarray(cached.lengths), np.asarray(uncached.lengths))
+    np.testing.assert_allclose(np.asarray(cached.logits), np.asarray(uncached.logits), atol=1e-5, rtol=0)
+    lengths = np.asarray(cached.lengths)
+    assert len(set(lengths.tolist())) > 1, f"rows should finish at different steps: {lengths}"
+
+
+def test_finished_rows_emit_pad_and_loop_stops_early(model):
+    result = decoding.greedy_decode(model, ENC, MAX)
+    tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
+    for row, n in zip(tokens, lengths, strict=True):
+        if n < MAX:
+            assert row[n - 1] == 1 and 1 not in row[: n - 1]  # EOS ends the row ...
+        assert (row[n:] == 0).all()  # ... and only pad follows
+    if (lengths < MAX).all():  # the while_loop ran max(lengths) steps, not MAX
+        graphdef, params = nnx.split(model)
+        state = decoding._decode_loop(
+            graphdef,
+            params,
+            jnp.asarray(ENC),
+            jax.random.key(0),
+            jnp.float32(0.0),
+            max_decode_len=MAX,
+            eos_id=1,
+            greedy=True,
+            top_k=0,
+            top_p=1.0,
+            return_logits=False,
+        )
+        assert int(state.step) == lengths.max()
+
+
+def test_row_alone_equals_row_in_batch(model):
+    batch = np.asarray(decoding.greedy_decode(model, ENC, MAX).tokens)
+    for i, row in enumerate(ENC):  # a batch of one (same width: one compile for all rows)
+        alone = decoding.greedy_decode(model, row[None], MAX)
+        np.testing.assert_array_equal(np.asarray(alone.tokens)[0], batch[i])
+    unpadded = decoding.greedy_decode(model, ENC[2:3, :2], MAX)  # and without any padding
+    np.testing.assert_array_equal(np.asarray(unpadded.tokens)[0], batch[2])
+
+
+def test_cache_bytes_match_the_formula_and_scale_with_k():
+    measured = {}
+    for num_kv in (4, 2, 1):
+        m = tiny(num_kv)
+        for S, T in ((8, 10), (16, 10), (8, 20)):
+            cache = decoding.prefill(m, jnp.asarray(np.pad(ENC, ((0, 0), (0, S - 8)))), T)
+            got = cache_bytes(cache)
+            assert got == expected_cache_bytes(m.config, 4, S, T, "float32")
+            measured[num_kv, S, T] = got
+    assert measured[4, 16, 10]["cross"] == 2 * measured[4, 8, 10]["cross"]  # input length doubles
+    assert measured[4, 8, 20]["self"] == 2 * measured[4, 8, 10]["self"]  # output length doubles
+    assert measured[1, 8, 10]["total"] * 2 == measured[2, 8, 10]["total"]  # K halves
+    assert measured[2, 8, 10]["self"] * 4 == measured[4, 8, 10]["self"] * 2  # GQA-K is K/N of MHA
+    assert measured[1, 8, 10]["self"] * 4 == measured[4, 8, 10]["self"]
+
+
+# ---------------------------------------------------------------------------- HuggingFace
+@pytest.mark.parametrize("ffn, tie", [("gated-gelu", False), ("relu", True)])
+def test_greedy_equals_transformers_generate(tmp_path, ffn, tie):
+    torch = pytest.importorskip("torch", reason="HF generate parity needs torch (CPU)")
+    pytest.importorskip("transformers", reason="HF generate parity needs transformers>=5")
+    from hf_models import tiny_hf_t5
+
+    from gqa_jax.checkpoints import load_hf_t5
+
+    hf = tiny_hf_t5(ffn=ffn, tie=tie, separate_head=not tie, buckets=32, max_distance=128, seed=4, vocab=V)
+    with torch.no_grad():
+        if tie:  # a unit-scale tied embedding makes the model echo its start token forever
+            hf.shared.weight.mul_(0.1)
+        hf.lm_head.weight[1] *= 2.0  # EOS more likely: rows stop at different steps
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    model, _ = load_hf_t5(tmp_path)
+    ours = np.asarray(decoding.greedy_decode(model, ENC, MAX).tokens)
+    with torch.no_grad():
+        ref = hf.generate(
+            input_ids=torch.tensor(ENC),
+            attention_mask=torch.tensor(ENC != 0),
+            max_new_tokens=MAX,
+            num_beams=1,
+            do_sample=False,
+            decoder_start_token_id=0,
+            eos_token_id=1,
+            pad_token_id=0,
+        ).numpy()[:, 1:]  # drop the start token
+    ref = np.pad(ref, ((0, 0), (0, MAX - ref.shape[1])))  # HF stops when every row is done
+    np.testing.assert_array_equal(ours, ref)
+    finished = (ref == 1).any(axis=1)
+    assert finished.any() and not finished.all(), f"some rows, not all, should end with EOS: {ref}"
+
+
+# ---------------------------------------------------------------------------- beam search
+def teacher_forced_logprob(model: T5, enc: np.ndarray, seqs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Sum of log p(token) over each sequence's first ``length`` tokens. seqs [R, T], enc [R, S]."""
+    logits = model(jnp.asarray(enc), shift_right(jnp.asarray(seqs)))
+    logp = np.asarray(jax.nn.log_softmax(logits, -1))
+    picked = np.take_along_axis(logp, seqs[..., None], -1)[..., 0]  # [R, T]
+    return np.where(np.arange(seqs.shape[1]) < lengths[:, None], picked, 0.0).sum(-1)
+
+
+def test_beam_of_one_without_length_penalty_is_greedy(model):
+    beam = decoding.beam_search(model, ENC, MAX, beam_size=1, alpha=0.0)
+    greedy = decoding.greedy_decode(model, ENC, MAX)
+    np.testing.assert_array_equal(np.asarray(beam.tokens)[:, 0], np.asarray(greedy.tokens))
+    np.testing.assert_array_equal(np.asarray(beam.lengths)[:, 0], np.asarray(greedy.lengths))
+
+
+def test_beam_scores_are_length_penalized_teacher_forced_logprobs(model):
+    alpha = 0.6
+    beam = decoding.beam_search(model, ENC, MAX, beam_size=3, alpha=alpha)
+    tokens, lengths, scores = (np.asarray(x) for x in (beam.tokens, beam.lengths, beam.scores))
+    assert np.isfinite(scores).all() and (np.diff(scores, axis=1) <= 0).all()  # best first
+    B, W, T = tokens.shape
+    logp = teacher_forced_logprob(model, np.repeat(ENC, W, 0), tokens.reshape(B * W, T), lengths.reshape(-1))
+    penalty = ((5.0 + lengths.reshape(-1)) / 6.0) ** alpha
+    np.testing.assert_allclose(scores.reshape(-1), logp / penalty, atol=1e-4, rtol=1e-5)
+
+
+def test_exhaustive_beam_equals_brute_force():
+    vocab, T, alpha = 4, 3, 0.6
+    m = T5(preset("tiny", vocab_size=vocab, num_kv_heads=2), rngs=nnx.Rngs(7))
+    enc = np.array([[2, 3, 2, 0], [3, 3, 0, 0]])
+    beam = decoding.beam_search(m, enc, T, beam_size=vocab**T, alpha=alpha)
+    # Every complete hypothesis: ends at its first EOS (id 1) or runs to length T.
+    candidates = []
+    for n in range(1, T + 1):
+        for seq in itertools.product(range(vocab), repeat=n):
+            if 1 not in seq[:-1] and (seq[-1] == 1 or n == T):
+                candidates.append(list(seq) + [0] * (T - n))
+    cands = np.array(candidates)
+    lengths = np.array([list(c).index(1) + 1 if 1 in c else T for c in candidates])
+    for row in range(enc.shape[0]):
+        logp = teacher_forced_logprob(m, np.repeat(enc[row : row + 1], len(cands), 0), cands, lengths)
+        scores = logp / ((5.0 + lengths) / 6.0) ** alpha
+        best = int(np.argmax(scores))
+        np.testing.assert_array_equal(np.asarray(beam.tokens)[row, 0], cands[best])
+        np.testing.assert_allclose(float(beam.scores[row, 0]), scores[best], atol=1e-5)
+
+
+# ------------------------------------------------------------------------------- sampling
+def test_sampling_limits_and_reproducibility():
+    model = tiny(2)
+    greedy = np.asarray(decoding.greedy_decode(model, ENC, MAX).tokens)
+    key = jax.random.key(42)
+    # Gumbel noise is O(10); at temperature 1e-7 only logit gaps below ~1e-6 could flip.
+    cold = decoding.sample_decode(model, ENC, MAX, key=key, temperature=1e-7)
+    np.testing.assert_array_equal(np.asarray(cold.tokens), greedy)
+    top1 = decoding.sample_decode(model, ENC, MAX, key=key, temperature=1.0, top_k=1)
+    np.testing.assert_array_equal(np.asarray(top1.tokens), greedy)
+    nucleus = decoding.sample_decode(model, ENC, MAX, key=key, temperature=1.0, top_p=1e-6)
+    np.testing.assert_array_equal(np.asarray(nucleus.tokens), greedy)
+    a = decoding.sample_decode(model, ENC, MAX, key=key, temperature=1.5)
+    b = decoding.sample_decode(model, ENC, MAX, key=key, temperature=1.5)
+    c = decoding.sample_decode(model, ENC, MAX, key=jax.random.key(43), temperature=1.5)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+
+
+def test_choose_tokens_top_k_and_top_p_restrict_the_support():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    keys = jax.random.split(jax.random.key(0), 400)
+    draw = jax.vmap(lambda k, **kw: decoding.choose_tokens(logits, k, temperature=1.0, **kw)[0])
+    assert set(np.asarray(draw(keys)).tolist()) == {0, 1, 2, 3}
+    assert set(
+        np.asarray(
+            jax.vmap(lambda k: decoding.choose_tokens(logits, k, temperature=1.0, top_k=2)[0])(keys)
+        ).tolist()
+    ) == {0, 1}
+    # top_p = 0.7: {0.5} has mass 0.5 < 0.7, {0.5, 0.3} reaches it: tokens 0 and 1 only.
+    assert set(
+        np.asarray(
+            jax.vmap(lambda k: decoding.choose_tokens(logits, k, temperature=1.0, top_p=0.7)[0])(keys)
+        ).tolist()
+    ) == {0, 1}
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_bad_inputs_raise_clear_errors():
+    m = tiny(2)
+    with pytest.raises(ValueError, match="empty input"):
+        decoding.greedy_decode(m, np.zeros((0, 4), int), MAX)
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 16\): min 0, max 16"):
+        decoding.greedy_decode(m, np.array([[3, 16, 0]]), MAX)
+    with pytest.raises(ValueError, match="max_decode_len=0"):
+        decoding.greedy_decode(m, ENC, 0)
+    with pytest.raises(ValueError, match="length 8 exceed max_input_len=6.*truncate=True"):
+        decoding.greedy_decode(m, ENC, MAX, max_input_len=6)
+    cut = decoding.greedy_decode(m, ENC, MAX, max_input_len=6, truncate=True)
+    np.testing.assert_array_equal(
+        np.asarray(cut.tokens), np.asarray(decoding.greedy_decode(m, ENC[:, :6], MAX).tokens)
+    )
+    with pytest.raises(ValueError, match="sampling needs an explicit PRNG key"):
+        decoding.sample_decode(m, ENC, MAX, temperature=1.0)
+    with pytest.raises(ValueError, match="beam_size=0"):
+        decoding.beam_search(m, ENC, MAX, beam_size=0)
+    other = tiny(1)
+    state = decoding.init_state(
+        decoding.prefill(other, jnp.asarray(ENC), MAX), jax.random.key(0), vocab_size=V, return_logits=False
+    )
+    with pytest.raises(ValueError, match=r"built for another config.*num_kv_heads=2"):
+        decoding.decode_step(m, state)

@@ -113,6 +113,37 @@ def test_save_into_existing_empty_dir(tmp_path):
     assert load(tmp_path / "ckpt")[1] == preset("tiny")
 
 
+def test_extra_files_land_with_the_checkpoint(tmp_path, monkeypatch):
+    model = make_model(num_kv_heads=2)
+    path = save(model, tmp_path / "ckpt", extra_files={"manifest.json": '{"a": 1}\n', "NOTES": "hi"})
+    assert sorted(p.name for p in path.iterdir()) == [
+        "NOTES",
+        "checkpoint.json",
+        "config.json",
+        "manifest.json",
+        "params",
+    ]
+    assert (path / "manifest.json").read_text() == '{"a": 1}\n' and (path / "NOTES").read_text() == "hi"
+    assert load(path)[1] == model.config
+    save(model, path, overwrite=True)  # a replaced checkpoint does not keep the old extra files
+    assert sorted(p.name for p in path.iterdir()) == ["checkpoint.json", "config.json", "params"]
+
+    def broken_save(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):  # nothing half-written, manifest included
+        save(model, tmp_path / "fresh", extra_files={"manifest.json": "{}"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("name", ["checkpoint.json", "config.json", "params", "sub/manifest.json", "..", ""])
+def test_extra_files_must_be_plain_new_names(tmp_path, name):
+    with pytest.raises(ValueError, match="must be a plain file name other than checkpoint.json"):
+        save(make_model(), tmp_path / "ckpt", extra_files={name: "x"})
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------ save errors
 def test_save_refuses_existing_destination(saved, tmp_path):
     path, model = saved

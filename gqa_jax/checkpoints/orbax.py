@@ -5,6 +5,8 @@ Layout::
     path/checkpoint.json   {"format": "gqa_jax", "version": 1}, written last
     path/config.json       the ModelConfig (ModelConfig.to_json)
     path/params/           the nnx.Param state as a pure nested dict, saved with orbax
+    path/<extra files>     optional text files (``save(..., extra_files=...)``), e.g. the
+                           ``manifest.json`` of a conversion
 
 Parameters go through ``orbax.checkpoint.StandardCheckpointer`` (the checkpointer Flax's NNX
 guide uses). ``save`` writes into a temporary sibling directory and renames it into place, so
@@ -32,14 +34,28 @@ FORMAT = {"format": "gqa_jax", "version": 1}
 MARKER, CONFIG, PARAMS = "checkpoint.json", "config.json", "params"
 
 
-def save(model: T5, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+def save(
+    model: T5,
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
     """Save ``model``'s parameters and config to the directory ``path``; returns its absolute path.
 
     An existing non-empty ``path`` is refused unless ``overwrite=True``, and even then only an
     existing gqa_jax checkpoint is replaced (never an arbitrary directory), after the new one
-    is complete.
+    is complete. ``extra_files`` maps plain file names to text written beside the parameters;
+    they land in the same atomic rename as the checkpoint itself.
     """
     path = Path(path).expanduser().absolute()
+    extra_files = dict(extra_files or {})
+    for name in extra_files:
+        if name in (MARKER, CONFIG, PARAMS) or Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(
+                f"save: extra_files name {name!r} must be a plain file name other than "
+                f"{MARKER}, {CONFIG} and {PARAMS}"
+            )
     if path.exists() and not _is_empty_dir(path):
         if not overwrite:
             raise FileExistsError(
@@ -59,6 +75,8 @@ def save(model: T5, path: str | os.PathLike, *, overwrite: bool = False) -> Path
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(tmp / PARAMS, params)
             checkpointer.wait_until_finished()
+        for name, text in extra_files.items():
+            (tmp / name).write_text(text)
         (tmp / MARKER).write_text(json.dumps(FORMAT) + "\n")  # last: the checkpoint is complete
         _move_into_place(tmp, path)
     finally:

@@ -1,0 +1,435 @@
+"""MHA -> GQA / MQA checkpoint conversion (the paper's uptraining starting point) + provenance.
+
+Letters: ``D`` d_model, ``N`` query heads, ``K`` source K/V heads, ``K'`` target K/V heads,
+``G' = K // K'`` source K/V heads merged into one target head, ``H`` head dim.
+
+For each converted ("grouped") attention, target K/V head ``j`` is built from the source K/V
+heads ``j * G', ..., j * G' + G' - 1`` (contiguous, as in the paper; for an MHA source these
+are also the query heads ``n`` with ``n // (N // K') == j``):
+
+- ``mean``: their mean (the paper's method, section 2.1);
+- ``first``: source head ``j * G'``;
+- ``random``: a fresh draw from the model's K/V initializer (``fan_in_init(D)``), keyed by the
+  seed and the parameter's path, so the same seed always gives the same parameters.
+
+Everything else (query and output projections, norms, MLPs, embeddings, relative position
+biases, attentions not converted) is copied unchanged. Arithmetic is float32 whatever the
+stored dtype; results are cast back to the stored dtype. Because the group of a source head is
+contiguous, conversions chain: MHA -> GQA-4 -> MQA by ``mean`` is MHA -> MQA up to rounding.
+
+Which attentions are grouped in the target config (``ModelConfig`` has ONE ``num_kv_heads``
+for all grouped attentions) -- the rule :func:`target_config` implements:
+
+- every converted attention becomes grouped with ``K'`` heads;
+- an attention not converted keeps its source K/V heads: it stays grouped if the source
+  grouped it with ``K'`` heads already, and it becomes (stays) ungrouped if it has ``N``
+  heads (MHA); any other count cannot be expressed next to ``K'`` and is a ``ValueError``
+  that tells you to convert that attention too.
+
+Files: :func:`convert_checkpoint` reads one of our checkpoints or a HuggingFace T5 directory,
+converts it and writes our checkpoint plus ``manifest.json`` (source path and content hash,
+configs, method, seed, group map, package version, git commit, time) in one atomic rename;
+:func:`check_conversion` re-derives a destination from its manifest and compares bit for bit.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx import traversals
+
+from gqa_jax.config import ATTENTION_KINDS, ModelConfig
+from gqa_jax.layers import fan_in_init
+from gqa_jax.model import T5
+
+METHODS = ("mean", "first", "random")
+DEFAULT_ATTENTIONS = ("decoder_self", "cross")  # the paper's (section 3.1)
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = {"format": "gqa_jax.convert", "version": 1}
+
+Path_ = tuple[Any, ...]  # a parameter path, e.g. ("decoder", "layers", 0, "self_attn", "key")
+FlatParams = dict[Path_, Any]
+
+# Where each attention kind lives in the parameter tree: (stack, module under stack.layers[i]).
+_LOCATIONS = {"encoder_self": ("encoder", "attn"), "decoder_self": ("decoder", "self_attn")}
+_LOCATIONS["cross"] = ("decoder", "cross_attn")
+
+
+# ------------------------------------------------------------------------------- the library
+def to_grouped(
+    model_or_params: T5 | nnx.State | dict,
+    config: ModelConfig,
+    num_kv_heads: int,
+    method: str,
+    *,
+    attentions: tuple[str, ...] | list[str] = DEFAULT_ATTENTIONS,
+    seed: int = 0,
+) -> tuple[dict, ModelConfig, dict[str, Any]]:
+    """Convert the K/V projections of ``attentions`` to ``num_kv_heads`` heads.
+
+    Args:
+      model_or_params: a ``T5``, its ``nnx.state(model, nnx.Param)``, or that state as a pure
+        nested dict (``nnx.to_pure_dict``); its shapes must match ``config``.
+      config: the source config.
+      num_kv_heads: ``K'``; it must divide the source K/V heads of every converted attention.
+      method: ``"mean"``, ``"first"`` or ``"random"``.
+      attentions: attention kinds to convert (default: decoder self- and cross-attention).
+      seed: used by ``random`` only.
+    Returns:
+      ``(params, config, manifest)``: the new parameters as a pure nested dict (load them with
+      :func:`to_model`), the new ``ModelConfig``, and a JSON-able record of the conversion
+      (method, seed, configs, group map, content hashes of the source and the result).
+    """
+    if method not in METHODS:
+        raise ValueError(f"to_grouped: unknown method={method!r}; known: {list(METHODS)}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        # jax.random.key folds other integers onto these (key(-1) == key(2**32 - 1)).
+        raise ValueError(f"to_grouped: seed={seed!r} must be an integer in [0, 2**32)")
+    attentions = _normalize_attentions(attentions)
+    new_config = target_config(config, num_kv_heads, attentions)
+    source = _flat_params(model_or_params)
+    _check_params(source, config, "source")
+
+    K2 = num_kv_heads
+    params: FlatParams = {}
+    for path, value in source.items():
+        kind = _attention_kind(path)
+        if kind not in attentions or path[-1] not in ("key", "value"):
+            params[path] = jnp.asarray(value)  # unchanged (the very same jax.Array)
+            continue
+        w = np.asarray(value)  # [D, K, H], stored dtype
+        D, K, H = w.shape
+        G2 = K // K2  # source K/V heads per target head
+        w32 = w.astype(np.float32).reshape(D, K2, G2, H)  # [D, K', G', H]: target head j, member g
+        if method == "mean":
+            new = w32.mean(axis=2)  # [D, K', H]
+        elif method == "first":
+            new = w32[:, :, 0, :]  # [D, K', H]: source head j * G'
+        else:
+            new = np.asarray(fan_in_init(D)(_path_key(seed, path), (D, K2, H), jnp.float32))
+        params[path] = jnp.asarray(new.astype(w.dtype))
+
+    manifest = {
+        "method": method,
+        "seed": seed if method == "random" else None,
+        "num_kv_heads": K2,
+        "attentions": list(attentions),
+        "source_config": config.to_dict(),
+        "target_config": new_config.to_dict(),
+        "groups": group_map(config, K2, attentions),
+        "source_params_sha256": _hash(source),
+        "target_params_sha256": _hash(params),
+    }
+    return traversals.unflatten_mapping(params), new_config, manifest
+
+
+def target_config(config: ModelConfig, num_kv_heads: int, attentions: tuple[str, ...]) -> ModelConfig:
+    """The config after converting ``attentions`` to ``num_kv_heads`` (the rule in the module doc)."""
+    N, K2 = config.num_heads, num_kv_heads
+    if not isinstance(K2, int) or isinstance(K2, bool) or K2 < 1:
+        raise ValueError(f"num_kv_heads={K2!r} must be an integer >= 1 (1 is MQA)")
+    attentions = _normalize_attentions(attentions)
+    for kind in attentions:
+        K = config.kv_heads(kind)
+        if K2 > K:
+            raise ValueError(
+                f"num_kv_heads={K2} is larger than the {K} K/V heads of {kind!r} in the source; "
+                "conversion only merges heads (choose from "
+                f"{[d for d in range(1, K + 1) if K % d == 0]})"
+            )
+        if K % K2:
+            raise ValueError(
+                f"num_kv_heads={K2} does not divide the {K} K/V heads of {kind!r} in the source; "
+                f"choose from {[d for d in range(1, K + 1) if K % d == 0]}"
+            )
+    grouped = []
+    for kind in ATTENTION_KINDS:
+        K = config.kv_heads(kind)
+        if kind in attentions or (kind in config.grouped_attentions and K == K2):
+            grouped.append(kind)  # K' heads
+        elif K != N:
+            raise ValueError(
+                f"{kind!r} is grouped in the source with num_kv_heads={K} and is not converted, but "
+                f"a ModelConfig has one num_kv_heads for all grouped attentions (target {K2}); "
+                f"convert it too: attentions={[*attentions, kind]}"
+            )
+    return config.replace(num_kv_heads=K2, grouped_attentions=tuple(grouped))
+
+
+def group_map(config: ModelConfig, num_kv_heads: int, attentions: tuple[str, ...]) -> dict[str, Any]:
+    """Which source K/V heads went into which target head, per converted attention.
+
+    ``{"cross": {"source_kv_heads": 4, "target_kv_heads": 2, "groups": [[0, 1], [2, 3]]}}``:
+    target head ``j`` comes from ``groups[j]`` (the same in every layer).
+    """
+    out = {}
+    for kind in _normalize_attentions(attentions):
+        K = config.kv_heads(kind)
+        G2 = K // num_kv_heads
+        groups = [list(range(j * G2, (j + 1) * G2)) for j in range(num_kv_heads)]
+        out[kind] = {"source_kv_heads": K, "target_kv_heads": num_kv_heads, "groups": groups}
+    return out
+
+
+def content_hash(model_or_params: T5 | nnx.State | dict) -> str:
+    """sha256 over every parameter's dotted path, dtype, shape and bytes, in sorted path order.
+
+    Independent of where the parameters came from (file format, device): two models hash
+    equal exactly when their parameters are bit-identical.
+    """
+    return _hash(_flat_params(model_or_params))
+
+
+def _hash(flat: FlatParams) -> str:
+    digest = hashlib.sha256()
+    for name, value in sorted(((_dotted(p), v) for p, v in flat.items()), key=lambda item: item[0]):
+        a = np.ascontiguousarray(np.asarray(value))
+        digest.update(f"{name}\n{a.dtype.name}\n{list(a.shape)}\n".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+def to_model(params: dict, config: ModelConfig) -> T5:
+    """A ``T5`` holding ``params`` (a pure nested dict), without a random initialization first."""
+    flat = _flat_params(params)
+    _check_params(flat, config, "params")
+    model = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))  # shapes only
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(
+        state, traversals.unflatten_mapping({p: jnp.asarray(v) for p, v in flat.items()})
+    )
+    nnx.update(model, state)
+    return model
+
+
+# ------------------------------------------------------------------------------------ files
+def load_source(path: str | os.PathLike) -> tuple[T5, ModelConfig, str]:
+    """Load ``path`` as ``(model, config, kind)``; ``kind`` is ``"gqa_jax"`` or ``"huggingface"``.
+
+    Our checkpoints are recognized by ``checkpoint.json``, HF T5 directories by a ``config.json``
+    holding ``d_kv`` next to safetensors weights.
+    """
+    from gqa_jax import checkpoints
+    from gqa_jax.checkpoints.orbax import MARKER
+
+    path = Path(path).expanduser().absolute()
+    if not path.exists():
+        raise FileNotFoundError(f"source {path} does not exist")
+    if (path / MARKER).is_file():
+        model, config = checkpoints.load(path)
+        return model, config, "gqa_jax"
+    if _looks_like_hf(path):
+        model, config = checkpoints.load_hf_t5(path)
+        return model, config, "huggingface"
+    raise ValueError(
+        f"source {path} is not a checkpoint: expected a gqa_jax checkpoint (checkpoint.json) or a "
+        "HuggingFace T5 directory (config.json with d_kv, and model.safetensors[.index.json])"
+    )
+
+
+def convert_checkpoint(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    num_kv_heads: int,
+    method: str,
+    *,
+    attentions: tuple[str, ...] | list[str] = DEFAULT_ATTENTIONS,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> tuple[Path, dict[str, Any]]:
+    """Convert the checkpoint ``src`` and save it with ``manifest.json`` at ``dst``.
+
+    Never writes into ``src``; an existing ``dst`` is refused unless ``overwrite`` (and even
+    then only a gqa_jax checkpoint is replaced). The destination appears complete or not at all.
+    Returns ``(dst, manifest)``.
+    """
+    from gqa_jax import checkpoints
+
+    src_path = Path(src).expanduser().resolve()
+    dst_path = Path(dst).expanduser().resolve()
+    if src_path == dst_path or src_path in dst_path.parents or dst_path in src_path.parents:
+        raise ValueError(
+            f"destination {dst_path} and source {src_path} overlap; the source is never written "
+            "into: choose a destination outside it"
+        )
+    if dst_path.exists() and not overwrite and not (dst_path.is_dir() and not any(dst_path.iterdir())):
+        raise FileExistsError(f"destination {dst_path} already exists; pass --overwrite to replace it")
+    model, config, kind = load_source(src_path)
+    params, new_config, record = to_grouped(
+        model, config, num_kv_heads, method, attentions=attentions, seed=seed
+    )
+    manifest = {
+        **MANIFEST_FORMAT,
+        "source": {"path": str(src_path), "kind": kind},
+        **record,
+        "gqa_jax_version": _version(),
+        **_git_state(),
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    text = json.dumps(manifest, indent=2) + "\n"
+    path = checkpoints.save(
+        to_model(params, new_config), dst_path, overwrite=overwrite, extra_files={MANIFEST: text}
+    )
+    return path, manifest
+
+
+def check_conversion(dst: str | os.PathLike) -> list[str]:
+    """Re-derive ``dst`` from its manifest's source and compare; returns the problems (none = OK).
+
+    Checks that the source still hashes as recorded, that re-running the recorded conversion
+    gives the destination's config, group map and parameters bit for bit, and that the
+    destination's parameters hash as recorded.
+    """
+    from gqa_jax import checkpoints
+
+    dst_path = Path(dst).expanduser().absolute()
+    if not (dst_path / MANIFEST).is_file():
+        raise ValueError(f"{dst_path} has no {MANIFEST}: it is not a checkpoint written by convert")
+    try:
+        manifest = json.loads((dst_path / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{dst_path / MANIFEST}: cannot read JSON: {e}") from e
+    if {k: manifest.get(k) for k in MANIFEST_FORMAT} != MANIFEST_FORMAT:
+        raise ValueError(f"{dst_path / MANIFEST}: unsupported manifest; this code reads {MANIFEST_FORMAT}")
+    model, config = checkpoints.load(dst_path)
+    source_model, source_config, kind = load_source(manifest["source"]["path"])
+    problems = []
+    if kind != manifest["source"]["kind"]:
+        problems.append(f"source kind is now {kind!r}, manifest says {manifest['source']['kind']!r}")
+    if content_hash(source_model) != manifest["source_params_sha256"]:
+        return [*problems, f"source {manifest['source']['path']} changed since the conversion (content hash)"]
+    seed = manifest["seed"] if manifest["seed"] is not None else 0
+    params, new_config, record = to_grouped(
+        source_model,
+        source_config,
+        manifest["num_kv_heads"],
+        manifest["method"],
+        attentions=tuple(manifest["attentions"]),
+        seed=seed,
+    )
+    for key in ("source_config", "target_config", "groups", "target_params_sha256"):
+        if record[key] != manifest[key]:
+            problems.append(f"manifest {key} differs from the re-derived conversion")
+    if new_config != config:
+        problems.append(f"config.json differs from the re-derived config: {new_config.to_dict()}")
+    want, got = _flat_params(params), _flat_params(model)
+    for path in sorted(want.keys() | got.keys(), key=_dotted):
+        if path not in want or path not in got:
+            problems.append(f"{_dotted(path)}: present in only one of destination / re-derived")
+            continue
+        a, b = np.asarray(want[path]), np.asarray(got[path])
+        if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+            problems.append(f"{_dotted(path)}: differs from the re-derived conversion")
+    return problems
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _normalize_attentions(attentions: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    if isinstance(attentions, str):
+        attentions = (attentions,)
+    unknown = [a for a in attentions if a not in ATTENTION_KINDS]
+    if unknown:
+        raise ValueError(f"unknown attention name(s) {unknown}; known: {list(ATTENTION_KINDS)}")
+    if not attentions:
+        raise ValueError(f"attentions is empty: name at least one of {list(ATTENTION_KINDS)}")
+    return tuple(k for k in ATTENTION_KINDS if k in attentions)  # canonical order, no repeats
+
+
+def _attention_kind(path: Path_) -> str | None:
+    """The attention kind whose projection ``path`` is, e.g. ("decoder", "layers", 0, "cross_attn", "key")."""
+    if len(path) == 5 and path[1] == "layers":
+        for kind, (stack, module) in _LOCATIONS.items():
+            if path[0] == stack and path[3] == module:
+                return kind
+    return None
+
+
+def _flat_params(model_or_params: T5 | nnx.State | dict) -> FlatParams:
+    """``{path: array}`` of a model, its Param state or a pure nested dict (digit keys -> ints)."""
+    if isinstance(model_or_params, nnx.Module):
+        model_or_params = nnx.state(model_or_params, nnx.Param)
+    if isinstance(model_or_params, nnx.State):
+        model_or_params = nnx.to_pure_dict(model_or_params)
+    if not isinstance(model_or_params, dict):
+        raise ValueError(
+            "expected a T5, an nnx.State or a nested dict of parameters, "
+            f"got {type(model_or_params).__name__}"
+        )
+    flat = traversals.flatten_mapping(model_or_params)
+    return {tuple(int(k) if isinstance(k, str) and k.isdigit() else k for k in p): v for p, v in flat.items()}
+
+
+def _check_params(flat: FlatParams, config: ModelConfig, what: str) -> None:
+    """Raise a ValueError naming every parameter missing, extra, or with another shape / dtype."""
+    abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+    expected = _flat_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+    problems = [f"{_dotted(p)}: missing" for p in sorted(expected.keys() - flat.keys(), key=_dotted)]
+    problems += [
+        f"{_dotted(p)}: not in the model" for p in sorted(flat.keys() - expected.keys(), key=_dotted)
+    ]
+    for p in sorted(expected.keys() & flat.keys(), key=_dotted):
+        want, got = expected[p], flat[p]
+        if tuple(want.shape) != tuple(np.shape(got)) or jnp.dtype(want.dtype) != jnp.dtype(got.dtype):
+            problems.append(
+                f"{_dotted(p)}: config expects {tuple(want.shape)} {want.dtype}, "
+                f"got {tuple(np.shape(got))} {got.dtype}"
+            )
+    if problems:
+        raise ValueError(f"{what} do not match the config:\n  " + "\n  ".join(problems))
+
+
+def _dotted(path: Path_) -> str:
+    return ".".join(map(str, path))
+
+
+def _path_key(seed: int, path: Path_) -> jax.Array:
+    """A PRNG key from the seed and the parameter's path (stable across runs and machines)."""
+    tag = int.from_bytes(hashlib.sha256(_dotted(path).encode()).digest()[:4], "little") & 0x7FFFFFFF
+    return jax.random.fold_in(jax.random.key(seed), tag)
+
+
+def _looks_like_hf(path: Path) -> bool:
+    config = path / "config.json"
+    has_weights = (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+    if not (config.is_file() and has_weights):
+        return False
+    try:
+        fields = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(fields, dict) and "d_kv" in fields
+
+
+def _version() -> str:
+    from gqa_jax import __version__
+
+    return __version__
+
+
+def _git_state() -> dict[str, Any]:
+    """``{"git_commit": HEAD, "git_dirty": tracked files modified}`` of the checkout holding this
+    package; both None when it is not a git checkout (e.g. an installed wheel)."""
+    here = Path(__file__).parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=here, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        return {
+            "git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain", "-uno")),
+        }
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}

@@ -4,6 +4,7 @@ Commands:
   demo     the main job for now: tiny random MHA / GQA-2 / MQA models, forward pass, sizes.
   convert  MHA -> GQA / MQA checkpoint conversion with a provenance manifest (or --check DST).
   info     parameter counts, K/V heads and KV-cache bytes of a T5.1.1 preset (nothing allocated).
+  bench    benchmarks: `bench decode` (cache vs none, MHA / GQA / MQA, the floor, HuggingFace).
 
 Each command is a pair (add its arguments to a parser, run it on the parsed args -> exit code)
 in ``COMMANDS``. Bad input is one line on stderr and exit code 2.
@@ -228,6 +229,96 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------- bench
+def _add_bench_args(p: argparse.ArgumentParser) -> None:
+    from gqa_jax.config import DTYPES, PRESETS
+
+    sub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    d = sub.add_parser(
+        "decode",
+        help="decoding speed: cache vs none, MHA / GQA / MQA, the floor, HuggingFace generate",
+        description="Decoding benchmark (Markdown tables on stdout, progress on stderr): a. with vs "
+        "without KV cache; b. per K/V-head count: cache bytes, tokens/s, time per sample, TTFT, TPOT, "
+        "p50/p95 step latency; c. time over the bandwidth / FLOP floor; d. HuggingFace generate on "
+        "the same weights. Random weights; GQA / MQA are mean conversions of the MHA model.",
+    )
+    d.add_argument("--preset", default="small", choices=PRESETS, help="model shape (default: %(default)s)")
+    d.add_argument("--batch", type=_positive_int, default=8, help="batch size B (default: %(default)s)")
+    d.add_argument(
+        "--input-len", type=_positive_int, default=512, help="input length S (default: %(default)s)"
+    )
+    d.add_argument(
+        "--new-tokens", type=_positive_int, default=64, help="new tokens T per row (default: %(default)s)"
+    )
+    d.add_argument(
+        "--kv-heads",
+        default=None,
+        help="comma-separated K/V head counts, divisors of num_heads; N (MHA) is always added "
+        "(default: N, N/2, N/4, 1 rounded down to divisors, deduplicated: 6,3,1 for small)",
+    )
+    d.add_argument(
+        "--lengths",
+        default="64,256,512",
+        help="comma-separated output lengths of table a, with vs without cache (default: %(default)s)",
+    )
+    d.add_argument(
+        "--runs", type=_positive_int, default=5, help="timed runs per median (default: %(default)s)"
+    )
+    d.add_argument(
+        "--runs-a",
+        type=_positive_int,
+        default=3,
+        help="timed runs of table a's cached rows at lengths other than --new-tokens (default: %(default)s)",
+    )
+    d.add_argument(
+        "--uncached-runs",
+        type=_positive_int,
+        default=1,
+        help="timed runs of the slow cache-free loop in table a (default: %(default)s)",
+    )
+    d.add_argument(
+        "--uncached-budget",
+        type=float,
+        default=60.0,
+        help="run the cache-free loop only where its expected time per run (prefill + T x one timed "
+        "pass) is within this many seconds; other rows are not run (default: %(default)s)",
+    )
+    d.add_argument("--no-hf", action="store_true", help="skip table d (HuggingFace generate)")
+    d.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="parameter and activation dtype (default: %(default)s)",
+    )
+    d.add_argument("--seed", type=int, default=0, help="weights and inputs seed (default: %(default)s)")
+    d.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from gqa_jax import bench
+
+    res = bench.run_decode_bench(
+        preset_name=args.preset,
+        batch=args.batch,
+        input_len=args.input_len,
+        new_tokens=args.new_tokens,
+        kv_heads=args.kv_heads,
+        lengths=args.lengths,
+        runs=args.runs,
+        runs_a=args.runs_a,
+        uncached_runs=args.uncached_runs,
+        uncached_budget_s=args.uncached_budget,
+        hf=not args.no_hf,
+        dtype=args.dtype,
+        seed=args.seed,
+    )
+    print(bench.report(res), flush=True)
+    if args.json:
+        bench.write_json(res, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "demo": ("tiny MHA / GQA-2 / MQA models: forward pass, sizes", _add_demo_args, _run_demo),
     "info": (
@@ -239,6 +330,11 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         "MHA -> GQA / MQA checkpoint conversion (mean, first, random) with a manifest; or --check DST",
         _add_convert_args,
         _run_convert,
+    ),
+    "bench": (
+        "benchmarks: `bench decode` (KV cache vs none, MHA / GQA / MQA, the floor, HuggingFace)",
+        _add_bench_args,
+        _run_bench,
     ),
 }
 

@@ -143,7 +143,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         total = info.param_counts(config)["total"]
         print(f"{name:8} {k:>8} {total:>8,} {cache:>15,} {cache / mha_bytes:>7.3f} {ms:>11.2f}")
     print("\nThe embedded mini reproduction (pre-train, convert, uptrain, fine-tune, decode) replaces")
-    print("this demo once the data, conversion, decoding and training issues land.")
+    print("this demo once the data and training issues land.")
     return 0
 
 

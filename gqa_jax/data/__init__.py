@@ -1,0 +1,1 @@
+"""Data: vocabulary, span corruption, tasks (in progress)."""

@@ -12,6 +12,11 @@ from ``ModelConfig.grouped_attentions``; every attention uses the same ``Attenti
 
 Padding is id 0: it is masked as a key in the encoder and in cross-attention. The decoder input
 starts with id 0 (the start token), so decoder self-attention is masked causally only.
+
+Packed examples (several documents in one row, see ``gqa_jax.data.pipeline``) pass segment ids
+(1, 2, ... per document, 0 for padding): every attention is then also masked to its own
+document, so packed documents never attend to each other. Relative positions need no reset:
+within one document the distance between two tokens is the same as in the packed row.
 """
 
 from __future__ import annotations
@@ -102,12 +107,14 @@ class Encoder(nnx.Module):
         self.rate = config.dropout_rate
 
     def __call__(self, x: Array, mask: Array, *, rngs: nnx.Rngs | None = None) -> Array:
-        """Embedded inputs ``x [B, S, D]``, key mask ``[B, S]`` -> encoded ``[B, S, D]``."""
+        """Embedded inputs ``x [B, S, D]``, key mask ``[B, S]`` (or a full ``[B, S, S]`` mask)
+        -> encoded ``[B, S, D]``."""
         pos = jnp.arange(x.shape[1])
         bias = self.relpos(pos, pos)  # [N, S, S], computed once, shared by all layers
+        mask = mask[:, None, :] if mask.ndim == 2 else mask  # [B, 1 or S, S]
         x = dropout(x, self.rate, rngs)
         for layer in self.layers:
-            x = layer(x, bias=bias, mask=mask[:, None, :], rngs=rngs)
+            x = layer(x, bias=bias, mask=mask, rngs=rngs)
         return dropout(self.final_norm(x), self.rate, rngs)
 
 
@@ -131,11 +138,14 @@ class Decoder(nnx.Module):
         *,
         self_kv: tuple[tuple[Array, ...], tuple[Array, ...]] | None = None,
         index: Array | None = None,
+        segment_ids: Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> tuple[Array, tuple[tuple[Array, ...], tuple[Array, ...]]]:
         """Embedded decoder inputs ``y [B, T, D]`` -> ``([B, T, D], self keys/values per layer)``.
 
-        Teacher forcing (``self_kv=None``): positions ``0..T-1`` attend causally to each other.
+        ``cross_mask`` is ``[B, S]`` (a key mask) or ``[B, T, S]``. Teacher forcing
+        (``self_kv=None``): positions ``0..T-1`` attend causally to each other, and only within
+        their own segment when ``segment_ids [B, T]`` are given (packed rows).
         Cached: row b's tokens sit at positions ``index[b] + 0..T-1`` and attend to every cached
         position up to their own; the bias is computed for just these query positions.
         """
@@ -148,6 +158,11 @@ class Decoder(nnx.Module):
             k_pos = jnp.arange(self_kv[0][0].shape[2])  # [T_max]
         bias = self.relpos(q_pos, k_pos)  # [N, T, T] or [B, N, T, T_max]
         causal = k_pos <= q_pos[..., :, None]  # [T, T] or [B, T, T_max]: key position <= query position
+        if segment_ids is not None:
+            if self_kv is not None:
+                raise ValueError("segment_ids (packed rows) are for teacher forcing, not cached decoding")
+            causal = causal & (segment_ids[:, :, None] == segment_ids[:, None, :])  # [B, T, T]
+        cross_mask = cross_mask[:, None, :] if cross_mask.ndim == 2 else cross_mask  # [B, 1 or T, S]
         y = dropout(y, self.rate, rngs)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
@@ -156,7 +171,7 @@ class Decoder(nnx.Module):
                 (cross_kv[0][i], cross_kv[1][i]),
                 self_bias=bias,
                 self_mask=causal,
-                cross_mask=cross_mask[:, None, :],
+                cross_mask=cross_mask,
                 self_kv=None if self_kv is None else (self_kv[0][i], self_kv[1][i]),
                 index=index,
                 rngs=rngs,
@@ -178,10 +193,19 @@ class T5(nnx.Module):
             D, V = config.d_model, config.vocab_size
             self.lm_head = nnx.Param(fan_in_init(D)(rngs.params(), (D, V), dtype_of(config.param_dtype)))
 
-    def encode(self, encoder_input_ids: Array, *, rngs: nnx.Rngs | None = None) -> Array:
-        """``encoder_input_ids [B, S]`` -> encoded ``[B, S, D]`` (padding id 0 is masked)."""
+    def encode(
+        self,
+        encoder_input_ids: Array,
+        *,
+        segment_ids: Array | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> Array:
+        """``encoder_input_ids [B, S]`` -> encoded ``[B, S, D]`` (padding id 0 is masked; with
+        ``segment_ids [B, S]`` each token attends only within its own segment)."""
         _check_ids("encoder_input_ids", encoder_input_ids)
-        mask = encoder_input_ids != PAD_ID
+        mask = encoder_input_ids != PAD_ID  # [B, S]
+        if segment_ids is not None:
+            mask = mask[:, None, :] & (segment_ids[:, :, None] == segment_ids[:, None, :])  # [B, S, S]
         return self.encoder(self.shared(encoder_input_ids), mask, rngs=rngs)
 
     def logits(self, hidden: Array) -> Array:
@@ -200,13 +224,17 @@ class T5(nnx.Module):
         encoded: Array,
         encoder_mask: Array,
         *,
+        segment_ids: Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> Array:
         """Teacher-forced decoder: ``decoder_input_ids [B, T]``, ``encoded [B, S, D]``,
-        ``encoder_mask [B, S]`` -> logits ``[B, T, V]``."""
+        ``encoder_mask [B, S]`` (or ``[B, T, S]``), decoder ``segment_ids [B, T]`` for packed
+        rows -> logits ``[B, T, V]``."""
         _check_ids("decoder_input_ids", decoder_input_ids)
         y = self.shared(decoder_input_ids)
-        hidden, _ = self.decoder(y, self.decoder.cross_kv(encoded), encoder_mask, rngs=rngs)
+        hidden, _ = self.decoder(
+            y, self.decoder.cross_kv(encoded), encoder_mask, segment_ids=segment_ids, rngs=rngs
+        )
         return self.logits(hidden)
 
     def decode_cached(self, decoder_input_ids: Array, kv: cache.KVCache) -> tuple[Array, cache.KVCache]:
@@ -223,9 +251,18 @@ class T5(nnx.Module):
         return self.logits(hidden), new
 
     def __call__(
-        self, encoder_input_ids: Array, decoder_input_ids: Array, *, rngs: nnx.Rngs | None = None
+        self,
+        encoder_input_ids: Array,
+        decoder_input_ids: Array,
+        *,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        rngs: nnx.Rngs | None = None,
     ) -> Array:
-        """``[B, S]`` and ``[B, T]`` token ids -> logits ``[B, T, V]``. ``rngs`` enables dropout."""
+        """``[B, S]`` and ``[B, T]`` token ids -> logits ``[B, T, V]``. ``rngs`` enables dropout.
+
+        Packed rows pass both ``encoder_segment_ids [B, S]`` and ``decoder_segment_ids [B, T]``
+        (segment n of the decoder is the target of segment n of the encoder)."""
         _check_ids("encoder_input_ids", encoder_input_ids)
         _check_ids("decoder_input_ids", decoder_input_ids)
         if encoder_input_ids.shape[0] != decoder_input_ids.shape[0]:
@@ -233,8 +270,16 @@ class T5(nnx.Module):
                 f"batch sizes differ: encoder_input_ids {encoder_input_ids.shape} vs "
                 f"decoder_input_ids {decoder_input_ids.shape}"
             )
-        encoded = self.encode(encoder_input_ids, rngs=rngs)
-        return self.decode(decoder_input_ids, encoded, encoder_input_ids != PAD_ID, rngs=rngs)
+        if (encoder_segment_ids is None) != (decoder_segment_ids is None):
+            raise ValueError("packed rows need both encoder_segment_ids and decoder_segment_ids, or neither")
+        encoded = self.encode(encoder_input_ids, segment_ids=encoder_segment_ids, rngs=rngs)
+        cross_mask = encoder_input_ids != PAD_ID  # [B, S]
+        if encoder_segment_ids is not None:
+            same = decoder_segment_ids[:, :, None] == encoder_segment_ids[:, None, :]  # [B, T, S]
+            cross_mask = cross_mask[:, None, :] & same
+        return self.decode(
+            decoder_input_ids, encoded, cross_mask, segment_ids=decoder_segment_ids, rngs=rngs
+        )
 
 
 def _check_ids(name: str, ids: Array) -> None:
@@ -244,6 +289,13 @@ def _check_ids(name: str, ids: Array) -> None:
         raise ValueError(f"{name} must be integer token ids; got dtype {ids.dtype}")
 
 
-def shift_right(target_ids: Array) -> Array:
-    """Teacher forcing: decoder inputs are the targets shifted right behind the start id 0."""
-    return jnp.pad(target_ids, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
+def shift_right(target_ids: Array, segment_ids: Array | None = None) -> Array:
+    """Teacher forcing: decoder inputs are the targets shifted right behind the start id 0.
+
+    With ``segment_ids [B, T]`` (packed rows) every segment starts again with the start id, so
+    no document sees the last token of the one packed before it."""
+    shifted = jnp.pad(target_ids, ((0, 0), (1, 0)), constant_values=DECODER_START_ID)[:, :-1]
+    if segment_ids is not None:
+        prev = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+        shifted = jnp.where(segment_ids == prev, shifted, DECODER_START_ID)
+    return shifted

@@ -1,0 +1,350 @@
+"""Evaluation metrics (ROUGE, BLEU, F1/EM) and the run's metric writers (JSONL + TensorBoard).
+
+Scoring follows what the GQA paper reports after greedy decoding: ROUGE-1 for summarization
+(CNN/DailyMail, arXiv, PubMed, MediaSum, MultiNews), BLEU for WMT'14 En-De, F1 for TriviaQA.
+Every metric function takes ``predictions`` and ``references`` of equal, non-zero length and
+returns a dict of plain Python floats on a 0-100 scale; ``PRIMARY`` names the headline key of each
+(the number used to keep the best checkpoint)::
+
+    score("rouge", ["the cat sat"], ["the cat sat down"])  # {"rouge1": 85.7, "rouge2": ..., ...}
+
+Writers: ``MetricWriter`` appends one JSON line per ``write`` to ``workdir/metrics.jsonl`` (and
+mirrors the scalars to TensorBoard under ``workdir/tensorboard/``); ``read_metrics`` reads them
+back; ``write_decodes`` stores decoded examples as JSONL, atomically. Non-finite values are
+written as the JSON strings ``"nan"``, ``"inf"`` and ``"-inf"`` (strict JSON has no NaN, and null
+would lose inf vs nan); ``read_metrics`` turns them back into floats.
+
+In a multi-host run, create writers on process 0 only.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import operator
+import os
+import re
+import string
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sacrebleu
+from rouge_score import rouge_scorer
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+# ----------------------------------------------------------------------------------------------
+# Scoring
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_pairs(predictions: Sequence[str], references: Sequence[Any]) -> None:
+    """Equal, non-zero lengths; a bare string is not a list of predictions."""
+    for name, value in (("predictions", predictions), ("references", references)):
+        if isinstance(value, (str, bytes)):
+            raise ValueError(f"{name} must be a sequence of examples, got a single {type(value).__name__}")
+    if len(predictions) != len(references):
+        raise ValueError(
+            f"predictions and references differ in length: {len(predictions)} != {len(references)}"
+        )
+    if len(predictions) == 0:
+        raise ValueError("predictions and references are empty: nothing to score")
+
+
+_SENTENCE_END = re.compile(r"([.!?][\"')\]]*)\s+")
+
+
+def _split_sentences(text: str) -> str:
+    """One sentence per line, for ``rougeLsum`` (which splits summaries on newlines).
+
+    Existing newlines are kept, and whitespace after ``.``, ``!`` or ``?`` (optionally followed by
+    closing quotes or brackets) becomes a newline. Deliberately simple and dependency-free (no
+    nltk punkt download): abbreviations such as "Mr. Smith" split too. It covers T5's own
+    ``" . " -> " .\\n"`` rule for tokenized CNN/DailyMail text.
+    """
+    return _SENTENCE_END.sub(r"\1\n", text.strip())
+
+
+def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """Mean ROUGE-1/2/L/Lsum F-measures x 100 over examples, as T5 reports them.
+
+    Uses ``rouge_score.RougeScorer(use_stemmer=True)`` (Porter stemmer, pure Python, no nltk data
+    needed). Predictions and references are split into one sentence per line first (see
+    ``_split_sentences``); only ``rougeLsum`` looks at the lines, the other scores only see tokens.
+    Returns ``{"rouge1", "rouge2", "rougeL", "rougeLsum"}``.
+    """
+    _check_pairs(predictions, references)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
+    for prediction, reference in zip(predictions, references, strict=True):
+        scores = scorer.score(target=_split_sentences(reference), prediction=_split_sentences(prediction))
+        for key in ROUGE_TYPES:
+            totals[key] += scores[key].fmeasure
+    return {key: 100.0 * total / len(predictions) for key, total in totals.items()}
+
+
+def bleu(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """Corpus BLEU from sacrebleu with its defaults (13a tokenization, as T5 uses), 0-100 scale.
+
+    One reference per example. Returns ``{"bleu"}``.
+    """
+    _check_pairs(predictions, references)
+    result = sacrebleu.corpus_bleu(list(predictions), [list(references)])
+    return {"bleu": float(result.score)}
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalization: lowercase, delete ASCII punctuation, drop a/an/the, collapse whitespace.
+
+    Punctuation is deleted, not replaced by a space, so "U.S." -> "us" and "don't" -> "dont"
+    (the official TriviaQA script and T5's ``normalize_trivia_qa`` replace it with a space).
+    """
+    text = text.lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def _token_f1(prediction: str, reference: str) -> float:
+    """Token-level F1 of two normalized answers (SQuAD v1.1: 0 when no token is shared)."""
+    prediction_tokens, reference_tokens = prediction.split(), reference.split()
+    num_same = sum((collections.Counter(prediction_tokens) & collections.Counter(reference_tokens)).values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(prediction_tokens)
+    recall = num_same / len(reference_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_f1_em(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """SQuAD-style token F1 and exact match x 100, each the max over an example's reference answers.
+
+    ``references[i]`` is the list of acceptable answers of example i (TriviaQA's aliases). Answers
+    are compared after ``normalize_answer``. As in the SQuAD v1.1 script (and T5), F1 is 0 when no
+    token is shared, including when both answers normalize to "" (where EM is 100).
+    Returns ``{"f1", "em"}``.
+    """
+    _check_pairs(predictions, references)
+    f1_total = em_total = 0.0
+    for i, (prediction, answers) in enumerate(zip(predictions, references, strict=True)):
+        if isinstance(answers, (str, bytes)) or not answers:
+            raise ValueError(
+                f"references[{i}] must be a non-empty list of answer strings, got {answers!r} "
+                "(wrap a single answer in a list)"
+            )
+        prediction = normalize_answer(prediction)
+        answers = [normalize_answer(answer) for answer in answers]
+        f1_total += max(_token_f1(prediction, answer) for answer in answers)
+        em_total += max(float(prediction == answer) for answer in answers)
+    n = len(predictions)
+    return {"f1": 100.0 * f1_total / n, "em": 100.0 * em_total / n}
+
+
+METRICS: dict[str, Callable[..., dict[str, float]]] = {"rouge": rouge, "bleu": bleu, "f1_em": squad_f1_em}
+PRIMARY: dict[str, str] = {"rouge": "rouge1", "bleu": "bleu", "f1_em": "f1"}
+
+
+def score(metric_name: str, predictions: Sequence[str], references: Sequence[Any]) -> dict[str, float]:
+    """``METRICS[metric_name](predictions, references)``, with a clear error for unknown names."""
+    if metric_name not in METRICS:
+        raise ValueError(f"unknown metric {metric_name!r}; known metrics: {sorted(METRICS)}")
+    return METRICS[metric_name](predictions, references)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writers
+# ----------------------------------------------------------------------------------------------
+
+_JSON_TO_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _to_number(key: str, value: Any) -> int | float:
+    """A Python int or float from a Python, numpy or jax scalar (0-d array); bool counts as int."""
+    array = np.asarray(value)
+    if array.ndim != 0:
+        raise ValueError(f"metric {key!r} must be a scalar, got shape {array.shape}")
+    kind, name = array.dtype.kind, array.dtype.name
+    if kind in "biu":
+        return int(array)
+    if kind == "f" or name.startswith(("bfloat", "float")):  # ml_dtypes (bfloat16, float8_*) are kind "V"
+        return float(array)
+    raise ValueError(f"metric {key!r} must be a real number, got {value!r} of dtype {array.dtype}")
+
+
+def _encode(value: int | float) -> int | float | str:
+    """JSON-safe value: non-finite floats become the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # "nan", "inf" or "-inf"
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str) and value in _JSON_TO_NONFINITE:
+        return _JSON_TO_NONFINITE[value]
+    return value
+
+
+def _repair_tail(path: Path) -> None:
+    """Make a file that a crash left without its final newline end in one, so appends stay lines.
+
+    A complete JSON record that only misses its newline is kept; a half-written one is cut off
+    (with a warning): it holds no recoverable data, and appending after it would corrupt the
+    next record. Nothing before the last newline is ever touched.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+    data = path.read_bytes()  # Only after a crash: read it all to find the last newline.
+    start = data.rfind(b"\n") + 1
+    tail = data[start:]
+    try:
+        json.loads(tail)
+    except ValueError:
+        warnings.warn(
+            f"{path}: dropping a half-written last line ({len(tail)} bytes): {tail[:80]!r}", stacklevel=3
+        )
+        with open(path, "r+b") as f:
+            f.truncate(start)
+        return
+    with open(path, "ab") as f:
+        f.write(b"\n")
+
+
+class MetricWriter:
+    """Appends scalar metrics to ``workdir/metrics.jsonl`` and TensorBoard (``workdir/tensorboard``).
+
+    Each ``write(step, scalars)`` adds one line ``{"step": step, **scalars}``, flushed at once, so a
+    resumed run keeps appending to the same file (an existing file is never truncated; only a
+    half-written last line left by a crash is dropped). Values may be Python, numpy or jax
+    scalars; non-finite ones are stored as "nan" / "inf" / "-inf" (see the module docstring).
+    Usable as a context manager.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.path = self.workdir / METRICS_FILE
+        _repair_tail(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tensorboard = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter  # Imported here: slow, and scoring never needs it.
+
+            self._tensorboard = SummaryWriter(logdir=str(self.workdir / TENSORBOARD_DIR))
+
+    def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """Appends ``{"step": step, **scalars}`` as one JSON line and to TensorBoard."""
+        if self._file is None:
+            raise ValueError(f"MetricWriter for {self.path} is closed")
+        try:
+            step = operator.index(step)
+        except TypeError:
+            raise ValueError(f"step must be an integer, got {step!r}") from None
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        if "step" in scalars:
+            raise ValueError("scalars must not contain the key 'step' (it is the write's step argument)")
+        values = {}
+        for key, value in scalars.items():
+            if not isinstance(key, str):
+                raise ValueError(f"metric names must be strings, got {key!r}")
+            values[key] = _to_number(key, value)
+        record = {"step": step, **{key: _encode(value) for key, value in values.items()}}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        if self._tensorboard is not None:
+            for key, value in values.items():
+                self._tensorboard.add_scalar(key, value, global_step=step)
+            self._tensorboard.flush()
+
+    def close(self) -> None:
+        """Closes the files; closing twice is fine."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+    def __enter__(self) -> MetricWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def read_metrics(path_or_workdir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl (or of ``workdir/metrics.jsonl``), in file order.
+
+    "nan" / "inf" / "-inf" strings come back as floats. A malformed last line (a crash mid-write)
+    is skipped with a warning; a malformed line before it raises ``ValueError``.
+    """
+    path = Path(path_or_workdir)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            if number == len(lines):
+                warnings.warn(
+                    f"{path}: skipping a malformed last line {number} (half-written?): {e}", stacklevel=2
+                )
+                break
+            raise ValueError(f"{path}: line {number} is not valid JSON: {e}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {number} is not a JSON object: {line[:80]!r}")
+        records.append({key: _decode(value) for key, value in record.items()})
+    return records
+
+
+def write_decodes(
+    path: str | os.PathLike,
+    inputs: Sequence[str],
+    predictions: Sequence[str],
+    references: Sequence[Any],
+) -> Path:
+    """Writes decoded examples as JSONL ``{"input", "prediction", "reference"}``, atomically.
+
+    ``references[i]`` may be a string or a list of strings (TriviaQA aliases). The file is written
+    to a temporary file next to ``path`` and renamed over it, so readers never see a partial file.
+    Returns the path.
+    """
+    if not len(inputs) == len(predictions) == len(references):
+        raise ValueError(
+            f"inputs, predictions and references differ in length: "
+            f"{len(inputs)}, {len(predictions)}, {len(references)}"
+        )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # Same directory, so the rename is atomic.
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for input_, prediction, reference in zip(inputs, predictions, references, strict=True):
+                if not isinstance(reference, str):
+                    reference = list(reference)
+                record = {"input": input_, "prediction": prediction, "reference": reference}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

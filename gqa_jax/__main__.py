@@ -5,6 +5,8 @@ Commands:
   convert  MHA -> GQA / MQA checkpoint conversion with a provenance manifest (or --check DST).
   info     parameter counts, K/V heads and KV-cache bytes of a T5.1.1 preset (nothing allocated).
   bench    benchmarks: `bench decode` (cache vs none, MHA / GQA / MQA, the floor, HuggingFace).
+  data     tasks, dataset preparation, the embedded stdlib suite, vocabularies (``data --help``).
+  train    pre-train, uptrain or fine-tune: --config configs/<file>.py[:variant] --workdir DIR.
 
 Each command is a pair (add its arguments to a parser, run it on the parsed args -> exit code)
 in ``COMMANDS``. Bad input is one line on stderr and exit code 2.
@@ -319,6 +321,41 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ data
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    from gqa_jax.data.cli import add_data_args
+
+    add_data_args(p)
+
+
+def _run_data(args: argparse.Namespace) -> int:
+    from gqa_jax.data.cli import run_data
+
+    return run_data(args)
+
+
+# ----------------------------------------------------------------------------------- train
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", required=True, help="configs/<file>.py[:variant], e.g. configs/finetune.py:task=x"
+    )
+    p.add_argument("--workdir", required=True, help="run directory (an existing one is resumed)")
+    p.set_defaults(overrides=[])
+    p.epilog = (
+        "Any --config.FIELD=VALUE overrides a config field, e.g. --config.batch_size=8 "
+        "--config.model.num_kv_heads=2 (see gqa_jax.run_config.base_train_config for the fields)."
+    )
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from gqa_jax import run_config, training
+
+    config = run_config.load(args.config, args.overrides)
+    summary = training.train(config, args.workdir)
+    print(" ".join(f"{k}={v}" for k, v in summary.items()))
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "demo": ("tiny MHA / GQA-2 / MQA models: forward pass, sizes", _add_demo_args, _run_demo),
     "info": (
@@ -330,6 +367,16 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         "MHA -> GQA / MQA checkpoint conversion (mean, first, random) with a manifest; or --check DST",
         _add_convert_args,
         _run_convert,
+    ),
+    "data": (
+        "data: `data tasks`, `data prepare TASK`, `data build-suite`, `data train-vocab`, `data show TASK`",
+        _add_data_args,
+        _run_data,
+    ),
+    "train": (
+        "pre-train, uptrain or fine-tune (--config configs/<file>.py[:variant] --workdir DIR)",
+        _add_train_args,
+        _run_train,
     ),
     "bench": (
         "benchmarks: `bench decode` (KV cache vs none, MHA / GQA / MQA, the floor, HuggingFace)",
@@ -346,7 +393,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, (help_text, add_args, _) in COMMANDS.items():
         add_args(sub.add_parser(name, help=help_text, description=help_text))
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command == "train" and all(e.startswith("--config.") and "=" in e for e in extra):
+            args.overrides = extra  # --config.FIELD=VALUE
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0) or a usage error (2): return the code, never raise
         return e.code if isinstance(e.code, int) else 2
     if args.command is None:
@@ -354,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return COMMANDS[args.command][2](args)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
         return 2
 

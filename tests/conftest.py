@@ -1,0 +1,22 @@
+"""Shared fixtures: a tiny SentencePiece vocabulary trained once per test session."""
+
+import numpy as np
+import pytest
+
+CORPUS_WORDS = (
+    "the quick brown fox jumps over lazy dog summarize translate question context answer def return "
+    "class import self value list dict alpha beta gamma delta epsilon zeta eta theta iota kappa lambda "
+    "mu nu xi omicron pi rho sigma tau upsilon phi chi psi omega"
+).split()
+
+
+@pytest.fixture(scope="session")
+def small_vocab(tmp_path_factory):
+    """A 300-piece vocabulary (plus 100 sentinels) over English-ish words and code punctuation."""
+    from gqa_jax.data.vocab import train_vocab
+
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(CORPUS_WORDS, 12)) + " (x, y): [1] = {2}." for _ in range(3000)]
+    lines += ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 :-_"] * 3
+    out = tmp_path_factory.mktemp("vocab") / "spm.model"
+    return train_vocab(lines, size=300, out=out)

@@ -1,0 +1,91 @@
+"""Exact resume after SIGKILL: the end-to-end test of `python -m gqa_jax train` (subprocesses).
+
+Uninterrupted 2n steps vs n steps, SIGKILL, restart: parameters, optimizer state and the metrics
+of steps n+1..2n must be bitwise identical (CPU)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from gqa_jax import metrics
+from gqa_jax.data import stdlib_suite
+
+REPO = Path(__file__).resolve().parents[1]
+N = 5
+COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "learning_rate")
+
+
+@pytest.fixture(scope="module")
+def suite_subset(tmp_path_factory):
+    """The embedded suite built from the first 16 stdlib files (and the env that selects it)."""
+    env = dict(os.environ, **{stdlib_suite.MAX_FILES_ENV: "16"})
+    env.pop(stdlib_suite.ROOT_ENV, None)
+    data = tmp_path_factory.mktemp("suite")
+    old = os.environ.get(stdlib_suite.MAX_FILES_ENV)
+    os.environ[stdlib_suite.MAX_FILES_ENV] = "16"
+    try:
+        stdlib_suite.build_suite(data, names=("stdlib_corpus",), log=lambda _: None)
+    finally:
+        if old is None:
+            del os.environ[stdlib_suite.MAX_FILES_ENV]
+        else:
+            os.environ[stdlib_suite.MAX_FILES_ENV] = old
+    return data, env
+
+
+def command(workdir, data, vocab, steps):
+    return [
+        sys.executable, "-m", "gqa_jax", "train", "--config", "configs/pretrain.py",
+        "--workdir", str(workdir),
+        f"--config.data_dir={data}", f"--config.vocab={vocab}", "--config.batch_size=4",
+        "--config.input_length=128", f"--config.num_train_steps={steps}", f"--config.checkpoint_every={N}",
+        "--config.log_every=1", "--config.eval_every=0", "--config.progress=False",
+    ]  # fmt: skip
+
+
+def restore_state(path):
+    with ocp.PyTreeCheckpointer() as ckpt:
+        return ckpt.restore(path / "state")
+
+
+def test_sigkill_and_restart_continue_bitwise(suite_subset, small_vocab, tmp_path):
+    data, env = suite_subset
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run(command(full, data, small_vocab.path, 2 * N), cwd=REPO, env=env, check=True, timeout=600)
+
+    # A long run, killed as soon as its step-N checkpoint is complete (orbax renames it into place).
+    proc = subprocess.Popen(command(killed, data, small_vocab.path, 100), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.time() + 600
+    while not (killed / "checkpoints" / str(N)).is_dir():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    steps = sorted(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [N], f"the kill came late: checkpoints {steps}"
+
+    subprocess.run(command(killed, data, small_vocab.path, 2 * N), cwd=REPO, env=env, check=True, timeout=600)
+
+    a = {m["step"]: m for m in metrics.read_metrics(full)}
+    b = {m["step"]: m for m in metrics.read_metrics(killed)}
+    assert sorted(b) == list(range(1, 2 * N + 1))  # lines the killed run logged past N were set aside
+    for step in range(N + 1, 2 * N + 1):
+        for key in (*COMPARED, "examples_seen"):
+            assert a[step][f"train/{key}"] == b[step][f"train/{key}"], (step, key)
+    sa = restore_state(full / "checkpoints" / str(2 * N))
+    sb = restore_state(killed / "checkpoints" / str(2 * N))
+    leaves_a, tree_a = jax.tree.flatten(sa)
+    leaves_b, tree_b = jax.tree.flatten(sb)
+    assert tree_a == tree_b and len(leaves_a) > 10
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

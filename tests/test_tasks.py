@@ -1,0 +1,64 @@
+"""Tasks: the paper's seven under tfds.testing.mock_data, the clear errors, references."""
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from gqa_jax.data import pipeline as pl
+from gqa_jax.data import tasks
+
+PAPER = {  # task -> (input length, target length, metric, prefix)
+    "cnn_dailymail": (512, 256, "rouge", "summarize: "),
+    "arxiv": (2048, 512, "rouge", "summarize: "),
+    "pubmed": (2048, 512, "rouge", "summarize: "),
+    "multi_news": (2048, 512, "rouge", "summarize: "),
+    "mediasum": (2048, 512, "rouge", "summarize: "),
+    "wmt14_en_de": (512, 256, "bleu", "translate English to German: "),
+    "trivia_qa": (2048, 32, "f1_em", "trivia_qa question: "),
+}
+
+
+def test_paper_tasks_have_the_papers_lengths_and_metrics():
+    for name, (s, t, metric, _) in PAPER.items():
+        task = tasks.get_task(name)
+        assert (task.input_length, task.target_length, task.metric) == (s, t, metric), name
+
+
+@pytest.mark.parametrize("name", list(PAPER))
+def test_paper_task_batches_under_mock_data(name, small_vocab):
+    s, t, _, prefix = PAPER[name]
+    with tfds.testing.mock_data(num_examples=6):
+        for split in ("train", "validation"):
+            p = pl.make_pipeline(name, split, small_vocab, batch_size=2, process_index=0, process_count=1)
+            b = next(p.iterator())
+            assert b["encoder_input_tokens"].shape == (2, s) and b["decoder_target_tokens"].shape == (2, t)
+            assert small_vocab.decode(b["encoder_input_tokens"][0]).startswith(prefix)
+            # inputs and targets end in EOS
+            for key in ("encoder_input_tokens", "decoder_target_tokens"):
+                row = b[key][0]
+                assert row[int((row != 0).sum()) - 1] == small_vocab.eos_id
+        if name == "trivia_qa":
+            ex = tasks.open_split(name, "validation")[0]
+            refs = tasks.get_task(name).reference_texts(ex)
+            assert refs[0] == tasks.text(ex["answer"]["value"]) and len(refs) > 1
+
+
+def test_unprepared_dataset_names_the_command(tmp_path):
+    with pytest.raises(tasks.DatasetNotPreparedError, match="python -m gqa_jax data prepare cnn_dailymail"):
+        tasks.open_split("cnn_dailymail", "train", tmp_path)
+    with pytest.raises(tasks.DatasetNotPreparedError, match="--manual-dir"):
+        tasks.open_split("mediasum", "validation", tmp_path)
+
+
+def test_unknown_task_and_split():
+    with pytest.raises(ValueError, match="unknown task 'cnn'.*cnn_dailymail"):
+        tasks.get_task("cnn")
+    with pytest.raises(ValueError, match="no split 'dev'.*validation"):
+        tasks.open_split("cnn_dailymail", "dev")
+
+
+def test_text_helpers():
+    assert tasks.text(b"caf\xc3\xa9") == "café"
+    assert tasks.text(np.asarray("x")) == "x"
+    assert tasks.texts(np.asarray([b"a", b"b"])) == ["a", "b"]
+    assert tasks.texts("one") == ["one"]

@@ -1,0 +1,190 @@
+"""Training: loss, schedules, accumulation, and the train() loop (NaN guard, corrupt checkpoints,
+uptraining) on tiny models over mock data."""
+
+import json
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from flax import nnx
+
+from gqa_jax import checkpoints, convert, metrics, run_config, training
+from gqa_jax.config import preset
+from gqa_jax.data import pipeline as pipeline_lib
+from gqa_jax.model import T5
+
+
+def toy_batch(B=8, S=12, T=6, V=128, seed=0):
+    rng = np.random.default_rng(seed)
+    tgt = rng.integers(2, V, (B, T)).astype(np.int32)
+    tgt[:, -2:] = 0  # padding: weights 0
+    return {
+        "encoder_input_tokens": rng.integers(2, V, (B, S)).astype(np.int32),
+        "decoder_target_tokens": tgt,
+        "decoder_input_tokens": pipeline_lib.shift_right(tgt),
+        "decoder_loss_weights": (tgt != 0).astype(np.float32),
+    }
+
+
+def test_cross_entropy_sums_match_numpy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 5)).astype(np.float32)
+    targets = rng.integers(0, 5, (2, 3))
+    weights = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+    out = training.cross_entropy(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), z_loss=1e-4)
+    lse = np.log(np.exp(logits).sum(-1))
+    ce = lse - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(out["ce"], (ce * weights).sum(), rtol=1e-5)
+    np.testing.assert_allclose(out["z"], 1e-4 * (lse**2 * weights).sum(), rtol=1e-5)
+    assert float(out["tokens"]) == 3.0
+
+
+def test_schedules():
+    rsqrt = training.make_schedule(training.OptimizerConfig("rsqrt", warmup_steps=10_000))
+    assert float(rsqrt(0)) == pytest.approx(0.01) and float(rsqrt(9_999)) == pytest.approx(0.01)
+    assert float(rsqrt(40_000)) == pytest.approx(0.005)
+    continued = training.make_schedule(training.OptimizerConfig("rsqrt", warmup_steps=10_000, offset=90_000))
+    assert float(continued(0)) == pytest.approx(float(rsqrt(90_000)))
+    const = training.make_schedule(training.OptimizerConfig("constant", learning_rate=1e-3))
+    assert float(const(0)) == float(const(10**6)) == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        training.make_schedule(training.OptimizerConfig("cosine"))
+
+
+def test_accumulation_matches_one_batch_and_loss_falls():
+    model = T5(preset("tiny"), rngs=nnx.Rngs(0))
+    graphdef, _ = training.split_model(model)
+    opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
+    batch = toy_batch()
+    one = training.make_train_step(graphdef, opt, donate=False)
+    four = training.make_train_step(graphdef, opt, num_microbatches=4, donate=False)
+    s0 = training.init_state(model, opt, seed=0)
+    a, ma = one(s0, batch)
+    b, mb = four(s0, batch)
+    np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    state, losses = s0, []
+    for _ in range(8):
+        state, m = one(state, batch)
+        losses.append(float(m["loss"]))
+    assert losses[-1] < 0.7 * losses[0]
+    assert int(state.step) == 8
+
+
+def tiny_config(vocab_path, tmp_path, **fields):
+    file = fields.pop("_file", "configs/pretrain.py")
+    over = [
+        f"--config.vocab={vocab_path}",
+        f"--config.data_dir={tmp_path / 'data'}",
+        "--config.task=c4_span",
+        "--config.batch_size=4",
+        "--config.input_length=64",
+        "--config.log_every=1",
+        "--config.progress=False",
+        "--config.eval_every=0",
+    ]
+    over += [f"--config.{k}={v}" for k, v in fields.items()]
+    return run_config.load(file, over)
+
+
+def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(small_vocab, tmp_path, monkeypatch):
+    original = pipeline_lib.BatchIterator.__next__
+
+    def poisoned(self):
+        batch = original(self)
+        if self.step == 3:  # the third batch carries a NaN loss weight
+            batch = dict(batch, decoder_loss_weights=np.full_like(batch["decoder_loss_weights"], np.nan))
+        return batch
+
+    monkeypatch.setattr(pipeline_lib.BatchIterator, "__next__", poisoned)
+    config = tiny_config(small_vocab.path, tmp_path, num_train_steps=5, checkpoint_every=2)
+    with tfds.testing.mock_data(num_examples=16), pytest.raises(FloatingPointError, match="at step 3"):
+        training.train(config, tmp_path / "run")
+    report = json.loads((tmp_path / "run" / "nan_step_3.json").read_text())
+    assert report["last_checkpoint"] == 2 and report["batch"]["encoder_input_tokens"]["shape"] == [4, 64]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+    steps = [m["step"] for m in metrics.read_metrics(tmp_path / "run")]
+    assert steps == [1, 2]
+
+
+def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab, tmp_path):
+    config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2)
+    run = tmp_path / "run"
+    with tfds.testing.mock_data(num_examples=16):
+        training.train(config, run)
+        before = {m["step"]: m for m in metrics.read_metrics(run)}
+        for f in (run / "checkpoints" / "4" / "state").rglob("*"):
+            if f.is_file():
+                f.write_bytes(b"garbage")
+        config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            training.train(config, run)
+    assert any("checkpoint 4" in str(w.message) and "moved it" in str(w.message) for w in caught)
+    assert len(list((run / "corrupt_checkpoints").iterdir())) == 1  # set aside, not deleted
+    after = {m["step"]: m for m in metrics.read_metrics(run)}
+    for step in (3, 4):  # recomputed from checkpoint 2: the same numbers as the first time
+        for key in ("train/loss", "train/grad_norm", "train/accuracy"):
+            assert after[step][key] == before[step][key]
+
+
+def test_restart_with_a_different_config_is_refused(small_vocab, tmp_path):
+    run = tmp_path / "run"
+    with tfds.testing.mock_data(num_examples=8):
+        training.train(tiny_config(small_vocab.path, tmp_path, num_train_steps=1), run)
+        with pytest.raises(ValueError, match="different config.*batch_size"):
+            training.train(tiny_config(small_vocab.path, tmp_path, num_train_steps=2, batch_size=8), run)
+
+
+def test_uptraining_converts_then_runs_alpha_times_original_steps(small_vocab, tmp_path):
+    cfg = preset("tiny", vocab_size=small_vocab.vocab_size)
+    source = checkpoints.save(T5(cfg, rngs=nnx.Rngs(1)), tmp_path / "mha")
+    config = tiny_config(
+        small_vocab.path,
+        tmp_path,
+        _file="configs/uptrain.py",
+        **{
+            "uptrain.source": str(source),
+            "uptrain.num_kv_heads": 1,
+            "uptrain.alpha": 0.25,
+            "uptrain.original_steps": 12,
+            "optimizer.warmup_steps": 4,
+        },
+    )
+    # the starting point is exactly the mean-pooled conversion of the source
+    model, opt_cfg, _ = training._init_model(config, small_vocab, tmp_path)
+    expected, _, _ = convert.to_grouped(*convert.load_source(source)[:2], 1, "mean")
+    got = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert opt_cfg.offset == 12
+    with tfds.testing.mock_data(num_examples=16):
+        summary = training.train(config, tmp_path / "run")
+    assert summary["steps"] == summary["final_step"] == 3  # round(0.25 x 12)
+    rows = metrics.read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # the pre-training schedule continued from the source's step 12: 1/sqrt(12 + step)
+    assert rows[0]["train/learning_rate"] == pytest.approx(12**-0.5)
+    assert rows[2]["train/learning_rate"] == pytest.approx(14**-0.5)
+    manifest = json.loads((tmp_path / "run" / "conversion.json").read_text())
+    assert manifest["method"] == "mean"
+    assert checkpoints.load(tmp_path / "run" / "model")[1].kv_heads("decoder_self") == 1
+
+
+def test_bad_configs(small_vocab, tmp_path):
+    with pytest.raises(ValueError, match="recipe"):
+        training.check_config(tiny_config(small_vocab.path, tmp_path, recipe="distill"))
+    with pytest.raises(ValueError, match="unknown task"):
+        training.check_config(tiny_config(small_vocab.path, tmp_path, task="c5"))
+    with pytest.raises(ValueError, match="span-corruption"):
+        training.check_config(tiny_config(small_vocab.path, tmp_path, task="cnn_dailymail"))
+    with pytest.raises(ValueError, match="uptrain.source"):
+        training.check_config(tiny_config(small_vocab.path, tmp_path, _file="configs/uptrain.py"))
+    with pytest.raises(ValueError, match="no field 'batchsize'"):
+        tiny_config(small_vocab.path, tmp_path, batchsize=3)
+    with pytest.raises(ValueError, match="int"):
+        tiny_config(small_vocab.path, tmp_path, batch_size="big")

@@ -22,6 +22,7 @@ def get_config(variant: str = ""):
     c.model.dropout_rate = 0.1
     c.optimizer.learning_rate = 1e-3
     c.pack = True
+    c.eval_at_start = True  # the untrained score, for comparison
     c.num_train_steps = int(v.pop("steps", 1000))
     if v:
         raise ValueError(

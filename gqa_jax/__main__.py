@@ -1,10 +1,12 @@
 """``python -m gqa_jax <command>``: a thin command line over the library.
 
 Commands:
-  demo     the main job for now: tiny random MHA / GQA-2 / MQA models, forward pass, sizes.
+  demo     the main job: the embedded mini reproduction of Table 1 (pre-train MHA, uptrain to
+           GQA-2 / MQA, fine-tune, ROUGE-1 and decoding time), on the Python stdlib, offline.
   convert  MHA -> GQA / MQA checkpoint conversion with a provenance manifest (or --check DST).
   info     parameter counts, K/V heads and KV-cache bytes of a T5.1.1 preset (nothing allocated).
-  bench    benchmarks: `bench decode` (cache vs none, MHA / GQA / MQA, the floor, HuggingFace).
+  bench    benchmarks: `bench decode` (cache vs none, MHA / GQA / MQA, the floor, HuggingFace),
+           `bench train` (tokens/s and MFU against the measured matmul peak).
   data     tasks, dataset preparation, the embedded stdlib suite, vocabularies (``data --help``).
   train    pre-train, uptrain or fine-tune: --config configs/<file>.py[:variant] --workdir DIR.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 PROG = "python -m gqa_jax"
 
@@ -103,49 +106,29 @@ def _run_info(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------ demo
 def _add_demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed (default: %(default)s)")
+    from gqa_jax.reproduce import SCALES
+
+    p.add_argument("--workdir", default="runs/mini", help="where the runs go (default: %(default)s)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="TFDS data dir for the stdlib suite (default: $GQA_JAX_DATA_DIR, $TFDS_DATA_DIR or "
+        "~/tensorflow_datasets)",
+    )
+    p.add_argument(
+        "--scale",
+        default="default",
+        choices=list(SCALES),
+        help="default: about 15 minutes on 2 CPU cores; quick: a smoke run of a minute or two",
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    """Tiny MHA, GQA-2 and MQA models side by side: a stand-in until the mini reproduction exists."""
-    import time
+    """The embedded mini reproduction of Table 1 (gqa_jax.reproduce)."""
+    from gqa_jax import reproduce
 
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    from gqa_jax import info
-    from gqa_jax.cache import expected_cache_bytes
-    from gqa_jax.config import preset
-    from gqa_jax.model import T5
-
-    rng = np.random.default_rng(args.seed)
-    batch, input_len, output_len = 4, 32, 16
-    enc = rng.integers(2, 128, size=(batch, input_len))
-    enc[1, 20:] = 0  # padded rows: padding is id 0
-    dec = np.concatenate([np.zeros((batch, 1), int), rng.integers(2, 128, (batch, output_len - 1))], 1)
-    print(f"tiny T5.1.1-style models, batch {batch}, input {input_len}, output {output_len}, float32\n")
-    print(
-        f"{'model':8} {'kv heads':>8} {'params':>8} {'KV cache bytes':>15} {'vs MHA':>7} {'forward ms':>11}"
-    )
-    mha_bytes = None
-    for name, k in (("MHA", 4), ("GQA-2", 2), ("MQA", 1)):
-        config = preset("tiny", num_kv_heads=k)
-        model = T5(config, rngs=nnx.Rngs(args.seed))
-        graphdef, params = nnx.split(model)
-        forward = jax.jit(lambda p, e, d, g=graphdef: nnx.merge(g, p)(e, d))
-        logits = jax.block_until_ready(forward(params, enc, dec))  # compile
-        start = time.perf_counter()
-        logits = jax.block_until_ready(forward(params, enc, dec))
-        ms = 1e3 * (time.perf_counter() - start)
-        if not np.isfinite(np.asarray(logits)).all():
-            raise RuntimeError(f"{name}: non-finite logits")
-        cache = expected_cache_bytes(config, batch, input_len, output_len, "float32")["total"]
-        mha_bytes = mha_bytes or cache
-        total = info.param_counts(config)["total"]
-        print(f"{name:8} {k:>8} {total:>8,} {cache:>15,} {cache / mha_bytes:>7.3f} {ms:>11.2f}")
-    print("\nThe embedded mini reproduction (pre-train, convert, uptrain, fine-tune, decode) replaces")
-    print("this demo once the data and training issues land.")
+    result = reproduce.run(args.workdir, data_dir=args.data_dir, scale=args.scale, log=_log_stderr)
+    print(reproduce.table(result), flush=True)
     return 0
 
 
@@ -294,11 +277,63 @@ def _add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--seed", type=int, default=0, help="weights and inputs seed (default: %(default)s)")
     d.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
+    _add_bench_train_args(sub)
+
+
+def _add_bench_train_args(sub: Any) -> None:
+    from gqa_jax.config import DTYPES, PRESETS
+
+    t = sub.add_parser(
+        "train",
+        help="training throughput: tokens/s and MFU against the measured matmul peak",
+        description="Training benchmark: the real jitted train step (Adafactor, z-loss) on a fixed "
+        "random batch per preset; tokens/s, model FLOP/s and MFU against the matmul peak measured in "
+        "the same run (Markdown table on stdout, progress on stderr).",
+    )
+    t.add_argument("--presets", default="tiny,small", help="comma-separated presets (default: %(default)s)")
+    t.add_argument("--batch", type=_positive_int, default=8, help="rows per step (default: %(default)s)")
+    t.add_argument(
+        "--input-len", type=_positive_int, default=512, help="input length S (default: %(default)s)"
+    )
+    t.add_argument(
+        "--target-len", type=_positive_int, default=114, help="target length T (default: %(default)s)"
+    )
+    t.add_argument("--steps", type=_positive_int, default=3, help="timed steps (default: %(default)s)")
+    t.add_argument("--microbatches", type=_positive_int, default=1, help="gradient accumulation (default: 1)")
+    t.add_argument("--dtype", default="float32", choices=DTYPES, help="activations (default: %(default)s)")
+    t.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
+    t.set_defaults(presets_choices=PRESETS)
+
+
+def _log_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _run_bench_train(args: argparse.Namespace) -> int:
+    from gqa_jax import bench, bench_train
+
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    unknown = [p for p in presets if p not in args.presets_choices]
+    if not presets or unknown:
+        raise ValueError(
+            f"--presets: unknown {unknown or presets}; choose from {', '.join(args.presets_choices)}"
+        )
+    res = bench_train.run_train_bench(
+        presets, batch=args.batch, input_len=args.input_len, target_len=args.target_len, steps=args.steps,
+        dtype=args.dtype, num_microbatches=args.microbatches, log=_log_stderr,
+    )  # fmt: skip
+    print(bench_train.report(res), flush=True)
+    if args.json:
+        bench.write_json(res, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     from gqa_jax import bench
 
+    if args.bench_command == "train":
+        return _run_bench_train(args)
     res = bench.run_decode_bench(
         preset_name=args.preset,
         batch=args.batch,
@@ -357,7 +392,11 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
-    "demo": ("tiny MHA / GQA-2 / MQA models: forward pass, sizes", _add_demo_args, _run_demo),
+    "demo": (
+        "the mini reproduction: pre-train, uptrain to GQA / MQA, fine-tune, score, time decoding",
+        _add_demo_args,
+        _run_demo,
+    ),
     "info": (
         "parameter counts, K/V heads and KV-cache bytes of a preset (nothing allocated)",
         _add_info_args,
@@ -379,7 +418,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         _run_train,
     ),
     "bench": (
-        "benchmarks: `bench decode` (KV cache vs none, MHA / GQA / MQA, the floor, HuggingFace)",
+        "benchmarks: `bench decode` (KV cache vs none, MHA / GQA / MQA, the floor, HuggingFace), "
+        "`bench train` (tokens/s, MFU)",
         _add_bench_args,
         _run_bench,
     ),

@@ -108,7 +108,10 @@ def base_train_config() -> ml_collections.ConfigDict:
     batch_size        global rows per step; num_microbatches splits it for gradient accumulation
     pack              several examples per row (segment ids), as T5X packs
     input_length, target_length   override the task's lengths (None: the task's)
-    log_every, checkpoint_every, keep_checkpoints, eval_every (0: only at the end), eval_examples
+    log_every, checkpoint_every, keep_checkpoints
+    eval_every        evaluate every N steps and at the end (0: only at the end, -1: never);
+                      eval_at_start also scores the starting point (step 0); eval_examples caps
+                      the dev examples decoded
     """
     c = ml_collections.ConfigDict()
     c.recipe = "pretrain"
@@ -150,6 +153,7 @@ def base_train_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 200
     c.keep_checkpoints = 3
     c.eval_every = 200
+    c.eval_at_start = False
     c.eval_examples = 256
     c.eval_batch_size = 32
     c.progress = True

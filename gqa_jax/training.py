@@ -253,7 +253,15 @@ def split_model(model: T5) -> tuple[Any, Any]:
 RECIPES = ("pretrain", "uptrain", "finetune")
 # Config fields a restart may change (they do not change what is computed, or only extend it).
 RESTART_MAY_CHANGE = frozenset(
-    {"num_train_steps", "log_every", "checkpoint_every", "eval_every", "keep_checkpoints", "progress"}
+    {
+        "num_train_steps",
+        "log_every",
+        "checkpoint_every",
+        "eval_every",
+        "eval_at_start",
+        "keep_checkpoints",
+        "progress",
+    }
 )
 
 
@@ -295,8 +303,14 @@ def _check_workdir(workdir: Any, config: Any) -> None:
                 f"workdir {workdir} holds a run with a different config ({details}); resume it with the "
                 "same config, or start a new --workdir"
             )
+
+
+def _write_config(workdir: Any, config: Any) -> None:
+    import json
+
     workdir.mkdir(parents=True, exist_ok=True)
-    stored_file.write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str) + "\n")
+    text = json.dumps(_config_dict(config), indent=2, sort_keys=True, default=str) + "\n"
+    (workdir / "config.json").write_text(text)
 
 
 def check_config(config: Any) -> None:
@@ -604,7 +618,9 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     _check_workdir(workdir, config)
     total = num_steps(config)
 
+    workdir.mkdir(parents=True, exist_ok=True)
     model, opt_cfg, info = _init_model(config, vocab, workdir)
+    _write_config(workdir, config)  # after the model exists: a failed start leaves no claim on the workdir
     if model.config.vocab_size < vocab.vocab_size:
         raise ValueError(
             f"the model's vocab_size {model.config.vocab_size} is smaller than the vocabulary's "
@@ -676,6 +692,8 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
                dynamic_ncols=True)  # fmt: skip
     t_last, tokens_since, steps_since = time.time(), 0.0, 0
     try:
+        if config.eval_at_start and start == 0 and config.eval_every >= 0:
+            run_eval(0)  # the starting point's score: the baseline fine-tuning must beat
         for step in range(start, total):
             batch = next(batches)
             state, m = step_fn(state, batch)
@@ -700,10 +718,11 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
                 bar.set_postfix(loss=f"{row['train/loss']:.3f}")
                 t_last, tokens_since, steps_since = time.time(), 0.0, 0
             score = None
-            if config.eval_every and (done % config.eval_every == 0 or done == total):
+            every = config.eval_every
+            if every >= 0 and ((every and done % every == 0) or done == total):
                 score = run_eval(done)
-            if done % config.checkpoint_every == 0 or done == total:
-                save(done, score)
+            if done % config.checkpoint_every == 0 or done == total or score is not None:
+                save(done, score)  # evaluated steps are saved too: the best one is kept
         manager.wait_until_finished()
         summary |= {"final_step": int(state.step)}
         best = manager.best_step() if task.metric is not None else None

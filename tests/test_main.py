@@ -3,11 +3,23 @@
 from gqa_jax.__main__ import main
 
 
-def test_demo_runs_and_shows_the_cache_shrinking(capsys):
-    assert main(["demo"]) == 0
+def test_demo_quick_scale_runs_every_stage(tmp_path, monkeypatch, capsys):
+    """The main job end to end at smoke scale, on a 150-file slice of the stdlib."""
+    from gqa_jax.data import stdlib_suite
+
+    monkeypatch.setenv(stdlib_suite.MAX_FILES_ENV, "150")
+    monkeypatch.delenv(stdlib_suite.ROOT_ENV, raising=False)
+    args = ["demo", "--scale", "quick", "--workdir", str(tmp_path / "mini"), "--data-dir", str(tmp_path)]
+    assert main(args) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:3] in ("MHA", "GQA", "MQA")}
-    assert rows["MHA"][4] == "1.000" and rows["GQA-2"][4] == "0.500" and rows["MQA"][4] == "0.250"
+    cells = [line.split("|") for line in out.splitlines() if line.startswith(("| MHA", "| GQA", "| MQA"))]
+    rows = {row[1].strip(): row for row in cells}
+    assert set(rows) == {"MHA", "GQA-2", "MQA"}
+    kib = {name: float(row[4].split()[0]) for name, row in rows.items()}
+    assert kib["MHA"] == 2 * kib["GQA-2"] == 4 * kib["MQA"]  # the cache shrinks by N / K
+    assert (tmp_path / "mini" / "table1.json").is_file()
+    assert main(args) == 0  # a second run skips every finished stage
+    assert "done before, skipped" in capsys.readouterr().err
 
 
 def test_no_command_is_an_error(capsys):

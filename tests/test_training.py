@@ -85,7 +85,7 @@ def tiny_config(vocab_path, tmp_path, **fields):
         "--config.input_length=64",
         "--config.log_every=1",
         "--config.progress=False",
-        "--config.eval_every=0",
+        "--config.eval_every=-1",
     ]
     over += [f"--config.{k}={v}" for k, v in fields.items()]
     return run_config.load(file, over)

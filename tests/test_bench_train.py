@@ -1,0 +1,38 @@
+"""bench train: the FLOP count, and a tiny end-to-end run of the benchmark."""
+
+import pytest
+
+from gqa_jax import bench_train
+from gqa_jax.__main__ import main
+from gqa_jax.config import preset
+
+
+def test_forward_flops_by_hand():
+    cfg = preset("tiny")  # D32 F64 N4 H8 V128, 2 + 2 layers, gated MLP
+    B, S, T, D, F, N, H, V = 1, 10, 4, 32, 64, 4, 8, 128
+    attn = lambda q, kv, K, src: 2 * q * D * N * H * 2 + 2 * src * D * K * H * 2 + 4 * q * kv * N * H  # noqa: E731
+    enc = 2 * (attn(S, S, N, S) + 2 * S * D * F * 3)
+    dec = 2 * (attn(T, T, N, T) + attn(T, S, N, S) + 2 * T * D * F * 3)
+    assert bench_train.forward_flops(cfg, B, S, T) == enc + dec + 2 * T * D * V
+    assert bench_train.train_flops(cfg, 3, S, T) == 9 * (enc + dec + 2 * T * D * V)
+    mqa = preset("tiny", num_kv_heads=1)
+    saved = 2 * 2 * 2 * D * (N - 1) * H * (T + S)  # k, v projections of decoder self + cross, 2 layers
+    assert bench_train.forward_flops(cfg, B, S, T) - bench_train.forward_flops(mqa, B, S, T) == saved
+
+
+def test_bench_train_runs_and_reports(capsys):
+    code = main(["bench", "train", "--presets", "tiny", "--batch", "2", "--input-len", "16", "--target-len",
+                 "8", "--steps", "1"])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "matmul peak" in out and "| tiny |" in out and "%" in out
+
+
+def test_bench_train_bad_preset(capsys):
+    assert main(["bench", "train", "--presets", "huge"]) == 2
+    assert "unknown" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_matmul_peak_is_positive(dtype):
+    assert bench_train.matmul_peak(dtype, sizes=(64,), runs=1)["gflop_s"] > 0

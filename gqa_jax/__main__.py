@@ -119,7 +119,8 @@ def _add_demo_args(p: argparse.ArgumentParser) -> None:
         "--scale",
         default="default",
         choices=list(SCALES),
-        help="default: about 15 minutes on 2 CPU cores; quick: a smoke run of a minute or two",
+        help="default: about 13 minutes on 2 CPU cores (suite build included); quick: a smoke run of "
+        "a minute or two",
     )
 
 

@@ -188,3 +188,19 @@ def test_bad_configs(small_vocab, tmp_path):
         tiny_config(small_vocab.path, tmp_path, batchsize=3)
     with pytest.raises(ValueError, match="int"):
         tiny_config(small_vocab.path, tmp_path, batch_size="big")
+
+
+def test_bfloat16_activations_with_float32_params_train():
+    cfg = preset("tiny", dtype="bfloat16", param_dtype="float32")
+    model = T5(cfg, rngs=nnx.Rngs(0))
+    graphdef, _ = training.split_model(model)
+    opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
+    state = training.init_state(model, opt, seed=0)
+    step = training.make_train_step(graphdef, opt)
+    batch = toy_batch(B=4, S=8, T=6)
+    losses = []
+    for _ in range(6):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]

@@ -62,3 +62,15 @@ def test_text_helpers():
     assert tasks.text(np.asarray("x")) == "x"
     assert tasks.texts(np.asarray([b"a", b"b"])) == ["a", "b"]
     assert tasks.texts("one") == ["one"]
+
+
+def test_data_commands(capsys, tmp_path):
+    from gqa_jax.__main__ import main
+
+    assert main(["data", "tasks"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"| {name} |" in out for name in tasks.TASKS)
+    assert main(["data", "show", "cnn", "--vocab", str(tmp_path / "none.model")]) == 2
+    assert "unknown task 'cnn'" in capsys.readouterr().err
+    assert main(["data", "prepare", "mediasum", "--data-dir", str(tmp_path)]) == 2
+    assert "--manual-dir" in capsys.readouterr().err

@@ -1,0 +1,265 @@
+"""Device meshes and the one logical-axis rule table every array takes its sharding from.
+
+Mesh axes: ``data`` (batch) and ``model`` (heads, MLP hidden, vocab). Every parameter has
+logical axis names (``logical_axes``); ``RULES`` maps logical axes to mesh axes; ``spec`` turns a
+shape's logical axes into a ``PartitionSpec``. A dimension whose size the mesh axis does not
+divide is replicated instead, and recorded: for K/V heads this is the paper's section 2.2 waste
+(MQA on 8-way model parallelism keeps 8 copies of its one K/V head; GQA-8 keeps none), which
+``replication_report`` states in bytes per device.
+
+    mesh = make_mesh("2x4")                       # data 2 x model 4
+    shardings, report = param_shardings(model, mesh)
+    state = shard_state(state, mesh)              # params + optimizer state placed
+    step = make_sharded_train_step(graphdef, optimizer, mesh, state)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "model")
+
+# logical axis -> mesh axis (None: replicated). The one table params, optimizer state,
+# activations and the KV cache take their specs from.
+RULES: dict[str, str | None] = {
+    "batch": "data",
+    "heads": "model",
+    "kv_heads": "model",
+    "mlp": "model",
+    "vocab": "model",
+    "embed": None,
+    "head_dim": None,
+    "length": None,
+    "buckets": None,
+}
+
+# parameter name (last path element) -> logical axes of its dimensions
+_PARAM_AXES: dict[str, tuple[str, ...]] = {
+    "query": ("embed", "heads", "head_dim"),
+    "key": ("embed", "kv_heads", "head_dim"),
+    "value": ("embed", "kv_heads", "head_dim"),
+    "out": ("heads", "head_dim", "embed"),
+    "wi_0": ("embed", "mlp"),
+    "wi_1": ("embed", "mlp"),
+    "wo": ("mlp", "embed"),
+    "scale": ("embed",),
+    "lm_head": ("embed", "vocab"),
+}
+
+
+def parse_mesh_shape(text: str | Sequence[int]) -> tuple[int, int]:
+    """``"2x4"`` or ``(2, 4)`` -> ``(data, model)``."""
+    if isinstance(text, str):
+        parts = text.lower().split("x")
+        try:
+            shape = tuple(int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"mesh {text!r} must look like DATAxMODEL, e.g. 2x4") from None
+    else:
+        shape = tuple(int(p) for p in text)
+    if len(shape) != 2 or min(shape) < 1:
+        raise ValueError(f"mesh {text!r} must be two positive sizes DATAxMODEL, e.g. 1x8 or 2x4")
+    return shape  # type: ignore[return-value]
+
+
+def make_mesh(shape: str | Sequence[int], devices: Sequence[Any] | None = None) -> Mesh:
+    """A ``(data, model)`` mesh. With all devices, ``jax.make_mesh`` orders them by topology."""
+    data, model = parse_mesh_shape(shape)
+    available = list(devices) if devices is not None else jax.devices()
+    if data * model > len(available):
+        raise ValueError(
+            f"mesh {data}x{model} needs {data * model} devices, but {len(available)} are available "
+            "(on CPU, simulate more with XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+        )
+    if devices is None and data * model == len(available):
+        # Auto axes: shardings of intermediates are propagated by the compiler (GSPMD), constrained
+        # where we say so; explicit-sharding mode would demand an out_sharding on every gather.
+        auto = (jax.sharding.AxisType.Auto,) * 2
+        return jax.make_mesh((data, model), MESH_AXES, axis_types=auto)
+    return Mesh(np.asarray(available[: data * model]).reshape(data, model), MESH_AXES)
+
+
+def logical_axes(path: Sequence[Any], ndim: int) -> tuple[str | None, ...]:
+    """Logical axes of the parameter at ``path`` (keys of ``nnx.to_pure_dict``)."""
+    names = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+    last = names[-1]
+    if last == "embedding":
+        axes: tuple[str | None, ...] = ("buckets", "heads") if "relpos" in names else ("vocab", "embed")
+    elif last in _PARAM_AXES:
+        axes = _PARAM_AXES[last]
+    else:
+        axes = (None,) * ndim
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {'.'.join(names)} has {ndim} dims but logical axes {axes}")
+    return axes
+
+
+@dataclasses.dataclass
+class Replication:
+    """A dimension that could not be sharded: ``copies`` devices hold the same slice."""
+
+    name: str
+    logical_axis: str
+    size: int
+    mesh_axis: str
+    mesh_size: int
+    bytes_per_device: int
+
+    @property
+    def copies(self) -> int:
+        return self.mesh_size
+
+
+def spec(
+    logical: Sequence[str | None],
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: Mapping[str, str | None] = RULES,
+    *,
+    name: str = "",
+    itemsize: int = 4,
+    replicated: list[Replication] | None = None,
+) -> PartitionSpec:
+    """The ``PartitionSpec`` of an array with these logical axes on ``mesh``."""
+    out: list[str | None] = []
+    used: set[str] = set()
+    for axis, size in zip(logical, shape, strict=True):
+        if axis is None:
+            out.append(None)
+            continue
+        if axis not in rules:
+            raise ValueError(
+                f"unknown logical axis {axis!r} (of {name or 'an array'}); rules: {', '.join(rules)}"
+            )
+        mesh_axis = rules[axis]
+        if mesh_axis is not None and mesh_axis not in mesh.shape:
+            raise ValueError(
+                f"rule {axis!r} -> {mesh_axis!r}: no such mesh axis (mesh axes: {mesh.axis_names})"
+            )
+        mesh_size = mesh.shape[mesh_axis] if mesh_axis else 1
+        if mesh_axis is None or mesh_size == 1 or mesh_axis in used:
+            out.append(None)
+        elif size % mesh_size:
+            out.append(None)  # cannot split: every device on this axis keeps the whole dimension
+            if replicated is not None:
+                nbytes = itemsize * math.prod(shape)
+                replicated.append(Replication(name, axis, size, mesh_axis, mesh_size, nbytes))
+        else:
+            out.append(mesh_axis)
+            used.add(mesh_axis)
+    return PartitionSpec(*out)
+
+
+def param_shardings(
+    params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES
+) -> tuple[Any, list[Replication]]:
+    """``NamedSharding`` per parameter of a pure-dict param tree, and what had to be replicated."""
+    replicated: list[Replication] = []
+
+    def one(path: Any, x: Any) -> NamedSharding:
+        name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        axes = logical_axes(path, len(x.shape))
+        itemsize = np.dtype(x.dtype).itemsize
+        return NamedSharding(
+            mesh, spec(axes, x.shape, mesh, rules, name=name, itemsize=itemsize, replicated=replicated)
+        )
+
+    return jax.tree_util.tree_map_with_path(one, params), replicated
+
+
+def replication_report(replicated: Sequence[Replication]) -> str:
+    """One line per replicated parameter kind: the factor and the extra bytes per device."""
+    if not replicated:
+        return "no replication: every sharded axis divides its mesh axis"
+    kinds: dict[tuple[str, int, str, int], int] = {}
+    for r in replicated:
+        key = (r.logical_axis, r.size, r.mesh_axis, r.mesh_size)
+        kinds[key] = kinds.get(key, 0) + r.bytes_per_device
+    lines = []
+    for (axis, size, mesh_axis, mesh_size), nbytes in kinds.items():
+        extra = nbytes - nbytes // mesh_size
+        lines.append(
+            f"{axis} ({size}) replicated over {mesh_axis} ({mesh_size}): {mesh_size} copies, "
+            f"{extra / 2**20:.3f} MiB extra per device"
+        )
+    return "\n".join(lines)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Batch arrays: rows over ``data``, the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(RULES["batch"], *([None] * (ndim - 1))))
+
+
+def check_batch(batch: Mapping[str, Any], mesh: Mesh) -> None:
+    """Rows must split evenly over the ``data`` axis."""
+    data = mesh.shape["data"]
+    for key, value in batch.items():
+        if np.shape(value)[0] % data:
+            raise ValueError(
+                f"batch {key} has {np.shape(value)[0]} rows, not divisible by the data axis size {data}: "
+                "choose a batch size that is a multiple of it"
+            )
+
+
+def shard_state(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> tuple[Any, Any]:
+    """Place a ``TrainState`` on ``mesh``: params by the rules; optimizer leaves shaped like their
+    parameter take its sharding, other leaves (factored moments, counters) are replicated.
+    Returns ``(placed state, its shardings)``."""
+    from gqa_jax.training import TrainState
+
+    p_shard, _ = param_shardings(state.params, mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    by_shape: dict[tuple[int, ...], list[NamedSharding]] = {}
+    for x, s in zip(jax.tree.leaves(state.params), jax.tree.leaves(p_shard), strict=True):
+        by_shape.setdefault(tuple(x.shape), []).append(s)
+
+    def opt_sharding(x: Any) -> NamedSharding:
+        cands = by_shape.get(tuple(np.shape(x)), [])
+        # same-shape params may differ in spec only where one dim was replicated; take the first
+        return cands[0] if cands and len({c.spec for c in cands}) == 1 else replicated
+
+    shardings = TrainState(
+        step=replicated,
+        params=p_shard,
+        opt_state=jax.tree.map(opt_sharding, state.opt_state),
+        rng=replicated,
+    )
+    return jax.device_put(state, shardings), shardings
+
+
+def make_sharded_train_step(
+    graphdef: Any, optimizer: Any, mesh: Mesh, state_shardings: Any, **kwargs: Any
+) -> Any:
+    """``training.make_train_step`` jitted with explicit in/out shardings on ``mesh``."""
+    import functools
+
+    from gqa_jax import training
+
+    num_microbatches = kwargs.pop("num_microbatches", 1)
+    fn = functools.partial(
+        training._train_step, graphdef, optimizer, num_microbatches=num_microbatches,
+        z_loss=kwargs.pop("z_loss", training.Z_LOSS), dropout=kwargs.pop("dropout", False),
+    )  # fmt: skip
+    if kwargs:
+        raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+    batch = batch_sharding(mesh)
+    scalar = NamedSharding(mesh, PartitionSpec())
+    jitted = jax.jit(
+        fn,
+        in_shardings=(state_shardings, batch),
+        out_shardings=(state_shardings, scalar),
+        donate_argnums=(0,),
+    )
+
+    def step(state: Any, batch_arrays: Mapping[str, Any]) -> Any:
+        check_batch(batch_arrays, mesh)
+        return jitted(state, batch_arrays)
+
+    return step

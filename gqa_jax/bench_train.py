@@ -27,6 +27,7 @@ from flax import nnx
 from gqa_jax import training
 from gqa_jax.bench import machine_info, measure
 from gqa_jax.config import ModelConfig, preset
+from gqa_jax.data.pipeline import shift_right
 from gqa_jax.model import T5
 
 
@@ -74,11 +75,10 @@ def matmul_peak(dtype: Any, sizes: Sequence[int] = (1024, 2048, 3072), runs: int
 def synthetic_batch(config: ModelConfig, batch: int, input_len: int, target_len: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     targets = rng.integers(2, config.vocab_size, (batch, target_len)).astype(np.int32)
-    decoder_inputs = np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], axis=1)
     return {
         "encoder_input_tokens": rng.integers(2, config.vocab_size, (batch, input_len)).astype(np.int32),
         "decoder_target_tokens": targets,
-        "decoder_input_tokens": decoder_inputs,
+        "decoder_input_tokens": shift_right(targets),
         "decoder_loss_weights": np.ones((batch, target_len), np.float32),
     }
 

@@ -235,20 +235,24 @@ def shard_state(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES)
 
 
 def make_sharded_train_step(
-    graphdef: Any, optimizer: Any, mesh: Mesh, state_shardings: Any, **kwargs: Any
+    graphdef: Any,
+    optimizer: Any,
+    mesh: Mesh,
+    state_shardings: Any,
+    *,
+    num_microbatches: int = 1,
+    z_loss: float | None = None,
+    dropout: bool = False,
 ) -> Any:
     """``training.make_train_step`` jitted with explicit in/out shardings on ``mesh``."""
     import functools
 
     from gqa_jax import training
 
-    num_microbatches = kwargs.pop("num_microbatches", 1)
     fn = functools.partial(
         training._train_step, graphdef, optimizer, num_microbatches=num_microbatches,
-        z_loss=kwargs.pop("z_loss", training.Z_LOSS), dropout=kwargs.pop("dropout", False),
+        z_loss=training.Z_LOSS if z_loss is None else z_loss, dropout=dropout,
     )  # fmt: skip
-    if kwargs:
-        raise TypeError(f"unexpected arguments {sorted(kwargs)}")
     batch = batch_sharding(mesh)
     scalar = NamedSharding(mesh, PartitionSpec())
     jitted = jax.jit(

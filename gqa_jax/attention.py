@@ -22,6 +22,7 @@ from flax import nnx
 
 from gqa_jax.config import ModelConfig
 from gqa_jax.layers import dropout, dtype_of, fan_in_init
+from gqa_jax.sharding import constrain
 
 Array = jax.Array
 
@@ -91,13 +92,14 @@ class Attention(nnx.Module):
 
     def project_q(self, x: Array) -> Array:
         """``[B, T, D]`` -> ``[B, T, N, H]``."""
-        return jnp.einsum("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype))
+        q = jnp.einsum("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype))
+        return constrain(q, "queries")
 
     def project_kv(self, x: Array) -> tuple[Array, Array]:
         """``[B, S, D]`` -> keys, values ``[B, K, S, H]`` each (the cache layout)."""
         k = jnp.einsum("BSD,DKH->BKSH", x, self.key[...].astype(self.dtype))
         v = jnp.einsum("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
-        return k, v
+        return constrain(k, "kv"), constrain(v, "kv")
 
     def attend(
         self,
@@ -111,7 +113,7 @@ class Attention(nnx.Module):
     ) -> Array:
         """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
         o = grouped_attention(q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs)
-        return jnp.einsum("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype))
+        return constrain(jnp.einsum("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype)), "hidden")
 
     def __call__(
         self,

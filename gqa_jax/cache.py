@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from gqa_jax.config import ModelConfig
+from gqa_jax.sharding import constrain
 
 Array = jax.Array
 
@@ -96,14 +97,14 @@ def empty_self_cache(
 ) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
     """Zeroed self-attention keys and values: per layer ``[B, K_self, T_max, H]``."""
     shape = (batch, config.kv_heads("decoder_self"), max_decode_len, config.head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_decoder_layers))
-    return zeros, tuple(jnp.zeros(shape, dtype) for _ in range(config.num_decoder_layers))
+    keys = tuple(constrain(jnp.zeros(shape, dtype), "kv") for _ in range(config.num_decoder_layers))
+    return keys, tuple(constrain(jnp.zeros(shape, dtype), "kv") for _ in range(config.num_decoder_layers))
 
 
 def write(cache: Array, new: Array, index: Array) -> Array:
     """Write ``new [B, K, T, H]`` into ``cache [B, K, T_max, H]`` at each row's ``index [B]``."""
     update = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))
-    return update(cache, new.astype(cache.dtype), index)
+    return constrain(update(cache, new.astype(cache.dtype), index), "kv")
 
 
 def cache_bytes(cache: KVCache) -> dict[str, int]:

@@ -17,10 +17,17 @@ Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = ma
 
 Every function takes the model as a ``T5`` module or as its ``(graphdef, state)`` split; the
 jitted cores take the split (``nnx.merge`` inside ``jit``).
+
+Sharded decoding: pass ``mesh=`` (``gqa_jax.sharding.make_mesh``). Parameters are placed by the
+rule table, input rows split over ``data``, and the loop is traced inside
+``sharding.activation_sharding`` so the cache is held at K/V-head granularity over ``model``
+(when ``K % model == 0``; replicated otherwise). On several processes pass the inputs as a
+global array (``sharding.global_batch``); results are global arrays (``sharding.to_host``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -30,6 +37,7 @@ import numpy as np
 from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
+from gqa_jax import sharding as sharding_lib
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID, T5
 
 Array = jax.Array
@@ -56,6 +64,7 @@ class DecodeResult:
     lengths: Array  # [B] or [B, W]
     scores: Array | None = None  # beam search: length-penalized log-probabilities [B, W]
     logits: Array | None = None  # [B, T_max, V] when return_logits=True
+    cache: kvcache.KVCache | None = None  # the final cache when return_cache=True
 
 
 # ------------------------------------------------------------------------ model plumbing
@@ -67,10 +76,44 @@ def _config(model: ModelLike):
     return model.config if isinstance(model, T5) else nnx.merge(*model).config
 
 
+def _mesh_context(mesh: Any, rules: Any) -> Any:
+    """Inside a jitted core: the activation-sharding context of a static ``(mesh, rules)``."""
+    if mesh is None:
+        return contextlib.nullcontext()
+    return sharding_lib.activation_sharding(mesh, dict(rules) if rules else sharding_lib.RULES)
+
+
+def _place(
+    params: Any, ids: Array, mesh: Any, rules: Any, config: Any, max_decode_len: int, beams: int = 1
+) -> tuple[Any, Array]:
+    """Params by the rule table and input rows over ``data`` (a no-op for arrays already placed);
+    logs the cache's replication when its K/V heads cannot split over ``model``."""
+    if mesh is None:
+        return params, ids
+    rules = dict(rules) if rules else sharding_lib.RULES
+    sharding_lib.check_rules(rules, mesh)
+    sharding_lib.check_batch({"encoder_input_ids": ids}, mesh)
+    params = sharding_lib.shard_params(params, mesh, rules)
+    layout, replicated = sharding_lib.cache_layout(
+        config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, config.dtype, rules
+    )
+    if replicated:  # the paper's section 2.2 waste, stated once per shape
+        sharding_lib.log_once(
+            (config, mesh.shape_tuple, ids.shape, max_decode_len, beams),
+            f"KV cache on mesh {dict(mesh.shape)}: " + sharding_lib.replication_report(replicated),
+        )
+    if not (isinstance(ids, jax.Array) and not ids.is_fully_addressable):
+        ids = jax.device_put(ids, sharding_lib.batch_sharding(mesh))
+    return params, ids
+
+
 def validate_inputs(
     config, encoder_input_ids: Any, max_decode_len: int, *, max_input_len: int | None, truncate: bool
 ) -> Array:
-    """Check decoding inputs on the host; returns the (possibly truncated) ids as int32."""
+    """Check decoding inputs on the host; returns the (possibly truncated) ids as int32.
+    A global array spread over several processes is checked shard by shard."""
+    if isinstance(encoder_input_ids, jax.Array) and not encoder_input_ids.is_fully_addressable:
+        return _validate_global(config, encoder_input_ids, max_decode_len, max_input_len, truncate)
     ids = np.asarray(encoder_input_ids)
     if ids.ndim != 2:
         raise ValueError(f"encoder_input_ids must be [batch, length]; got shape {ids.shape}")
@@ -93,6 +136,30 @@ def validate_inputs(
             )
         ids = ids[:, :max_input_len]
     return jnp.asarray(ids, jnp.int32)
+
+
+def _validate_global(
+    config, ids: Array, max_decode_len: int, max_input_len: int | None, truncate: bool
+) -> Array:
+    if ids.ndim != 2 or 0 in ids.shape:
+        raise ValueError(f"encoder_input_ids must be a non-empty [batch, length]; got shape {ids.shape}")
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"encoder_input_ids must be integer token ids; got dtype {ids.dtype}")
+    for shard in ids.addressable_shards:
+        local = np.asarray(shard.data)
+        if local.size and (local.min() < 0 or local.max() >= config.vocab_size):
+            raise ValueError(
+                f"encoder_input_ids has ids outside the vocabulary [0, {config.vocab_size}): "
+                f"min {local.min()}, max {local.max()} in this process's rows"
+            )
+    if not isinstance(max_decode_len, int | np.integer) or max_decode_len < 1:
+        raise ValueError(f"max_decode_len={max_decode_len!r} must be an integer >= 1")
+    if max_input_len is not None and ids.shape[1] > max_input_len:
+        raise ValueError(
+            f"inputs of length {ids.shape[1]} exceed max_input_len={max_input_len}; a global array "
+            "spread over processes is not truncated here: cut the rows before building it"
+        )
+    return ids.astype(jnp.int32)
 
 
 def prefill(model: T5, encoder_input_ids: Array, max_decode_len: int) -> kvcache.KVCache:
@@ -192,6 +259,8 @@ def decode_step(
         "top_k",
         "top_p",
         "return_logits",
+        "mesh",
+        "rules",
     ),
 )
 def _decode_loop(
@@ -207,24 +276,28 @@ def _decode_loop(
     top_k: int,
     top_p: float,
     return_logits: bool,
+    mesh: Any = None,
+    rules: Any = None,
 ) -> DecodeState:
-    """The jitted loop: ``temperature`` is traced (no recompile per value), the rest static."""
-    model = nnx.merge(graphdef, params)
-    cache = prefill(model, encoder_input_ids, max_decode_len)
-    state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=return_logits)
-    step = functools.partial(
-        decode_step,
-        model,
-        eos_id=eos_id,
-        temperature=0.0 if greedy else temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
+    """The jitted loop: ``temperature`` is traced (no recompile per value), the rest static.
+    With a ``mesh`` the trace runs under its activation sharding (cache sharded by the rules)."""
+    with _mesh_context(mesh, rules):
+        model = nnx.merge(graphdef, params)
+        cache = prefill(model, encoder_input_ids, max_decode_len)
+        state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=return_logits)
+        step = functools.partial(
+            decode_step,
+            model,
+            eos_id=eos_id,
+            temperature=0.0 if greedy else temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
 
-    def running(s: DecodeState) -> Array:
-        return (s.step < max_decode_len) & ~jnp.all(s.done)
+        def running(s: DecodeState) -> Array:
+            return (s.step < max_decode_len) & ~jnp.all(s.done)
 
-    return jax.lax.while_loop(running, step, state)
+        return jax.lax.while_loop(running, step, state)
 
 
 def greedy_decode(
@@ -236,9 +309,13 @@ def greedy_decode(
     max_input_len: int | None = None,
     truncate: bool = False,
     return_logits: bool = False,
+    return_cache: bool = False,
+    mesh: Any = None,
+    rules: Any = None,
 ) -> DecodeResult:
     """Greedy decoding with the KV cache. Returns tokens ``[B, T_max]`` (pad after EOS and
-    after an early stop) and lengths ``[B]`` (EOS included)."""
+    after an early stop) and lengths ``[B]`` (EOS included). ``mesh``: decode sharded (module
+    docstring); ``return_cache``: also the final cache (to inspect its bytes and shardings)."""
     return sample_decode(
         model,
         encoder_input_ids,
@@ -248,6 +325,9 @@ def greedy_decode(
         max_input_len=max_input_len,
         truncate=truncate,
         return_logits=return_logits,
+        return_cache=return_cache,
+        mesh=mesh,
+        rules=rules,
     )
 
 
@@ -264,6 +344,9 @@ def sample_decode(
     max_input_len: int | None = None,
     truncate: bool = False,
     return_logits: bool = False,
+    return_cache: bool = False,
+    mesh: Any = None,
+    rules: Any = None,
 ) -> DecodeResult:
     """Sampling with temperature / top-k / top-p and an explicit PRNG ``key`` (same key, same
     samples). ``temperature=0`` is greedy."""
@@ -277,6 +360,7 @@ def sample_decode(
         )
     if temperature > 0 and key is None:
         raise ValueError("sampling needs an explicit PRNG key: sample_decode(..., key=jax.random.key(0))")
+    params, ids = _place(params, ids, mesh, rules, _config(model), int(max_decode_len))
     state = _decode_loop(
         graphdef,
         params,
@@ -289,8 +373,15 @@ def sample_decode(
         top_k=int(top_k),
         top_p=float(top_p),
         return_logits=return_logits,
+        mesh=mesh,
+        rules=sharding_lib.rules_key(rules),
     )
-    return DecodeResult(tokens=state.tokens, lengths=state.lengths, logits=state.logits)
+    return DecodeResult(
+        tokens=state.tokens,
+        lengths=state.lengths,
+        logits=state.logits,
+        cache=state.cache if return_cache else None,
+    )
 
 
 # --------------------------------------------------------------------- the cache-free path
@@ -372,12 +463,29 @@ def _gather_beams(x: Array, beams: Array) -> Array:
     return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_decode_len", "beam_size", "alpha", "eos_id"))
-def _beam_loop(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id):
+@functools.partial(
+    jax.jit,
+    static_argnames=("graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "mesh", "rules"),
+)
+def _beam_loop(
+    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, mesh=None, rules=None
+):
+    with _mesh_context(mesh, rules):
+        return _beam_body(
+            graphdef, params, encoder_input_ids,
+            max_decode_len=max_decode_len, beam_size=beam_size, alpha=alpha, eos_id=eos_id,
+        )  # fmt: skip
+
+
+def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id):
     model = nnx.merge(graphdef, params)
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
     cache = prefill(model, encoder_input_ids, max_decode_len)  # encode B rows once ...
     cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)  # ... then W beams per row
+    kv = functools.partial(sharding_lib.constrain, kind="kv")
+    cache = cache.replace(
+        **{f: tuple(map(kv, getattr(cache, f))) for f in ("self_k", "self_v", "cross_k", "cross_v")}
+    )
     neg_inf = jnp.full((B, W), -jnp.inf)
     state = BeamState(
         cache=cache,
@@ -418,7 +526,7 @@ def _beam_loop(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size
         alive_seqs = _gather_beams(seqs, keep)
         src = (rows + _gather_beams(parent, keep)).reshape(B * W)  # cache row of each new beam
         cache = cache.replace(
-            self_k=tuple(x[src] for x in cache.self_k), self_v=tuple(x[src] for x in cache.self_v)
+            self_k=tuple(kv(x[src]) for x in cache.self_k), self_v=tuple(kv(x[src]) for x in cache.self_v)
         )
         return BeamState(cache, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_lengths, t + 1)
 
@@ -446,6 +554,8 @@ def beam_search(
     eos_id: int = EOS_ID,
     max_input_len: int | None = None,
     truncate: bool = False,
+    mesh: Any = None,
+    rules: Any = None,
 ) -> DecodeResult:
     """Beam search; returns the ``beam_size`` best hypotheses per row, best first:
     tokens ``[B, W, T_max]``, lengths ``[B, W]`` and scores ``log p / ((5 + len) / 6) ** alpha``.
@@ -461,6 +571,7 @@ def beam_search(
     )
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be >= 1")
+    params, ids = _place(params, ids, mesh, rules, _config(model), int(max_decode_len), int(beam_size))
     tokens, lengths, scores = _beam_loop(
         graphdef,
         params,
@@ -469,5 +580,7 @@ def beam_search(
         beam_size=int(beam_size),
         alpha=float(alpha),
         eos_id=int(eos_id),
+        mesh=mesh,
+        rules=sharding_lib.rules_key(rules),
     )
     return DecodeResult(tokens=tokens, lengths=lengths, scores=scores)

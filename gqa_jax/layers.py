@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gqa_jax.config import ModelConfig
+from gqa_jax.sharding import constrain
 
 Array = jax.Array
 
@@ -93,8 +94,8 @@ class MLP(nnx.Module):
             h = h * jnp.einsum("BTD,DF->BTF", x, self.wi_1[...].astype(self.dtype))
         else:
             h = jax.nn.relu(h)
-        h = dropout(h, self.rate, rngs)
-        return jnp.einsum("BTF,FD->BTD", h, self.wo[...].astype(self.dtype))
+        h = dropout(constrain(h, "mlp"), self.rate, rngs)
+        return constrain(jnp.einsum("BTF,FD->BTD", h, self.wo[...].astype(self.dtype)), "hidden")
 
 
 def relative_position_bucket(

@@ -29,6 +29,7 @@ from gqa_jax import cache
 from gqa_jax.attention import Attention
 from gqa_jax.config import ModelConfig
 from gqa_jax.layers import MLP, Embed, RelativePositionBias, RMSNorm, dropout, dtype_of, fan_in_init
+from gqa_jax.sharding import constrain
 
 Array = jax.Array
 
@@ -50,7 +51,7 @@ class EncoderLayer(nnx.Module):
         h = self.attn_norm(x)
         x = x + dropout(self.attn(h, h, bias=bias, mask=mask, rngs=rngs), self.rate, rngs)
         x = x + dropout(self.mlp(self.mlp_norm(x), rngs), self.rate, rngs)
-        return x
+        return constrain(x, "hidden")
 
 
 class DecoderLayer(nnx.Module):
@@ -96,7 +97,7 @@ class DecoderLayer(nnx.Module):
         attn = self.cross_attn.attend(self.cross_attn.project_q(h), *cross_kv, mask=cross_mask, rngs=rngs)
         y = y + dropout(attn, self.rate, rngs)
         y = y + dropout(self.mlp(self.mlp_norm(y), rngs), self.rate, rngs)
-        return y, (k, v)
+        return constrain(y, "hidden"), (k, v)
 
 
 class Encoder(nnx.Module):
@@ -216,7 +217,7 @@ class T5(nnx.Module):
             out = self.shared.attend(hidden)
         else:
             out = jnp.einsum("BTD,DV->BTV", hidden, self.lm_head[...].astype(hidden.dtype))
-        return out.astype(jnp.float32)
+        return constrain(out.astype(jnp.float32), "logits")
 
     def decode(
         self,
@@ -277,9 +278,7 @@ class T5(nnx.Module):
         if encoder_segment_ids is not None:
             same = decoder_segment_ids[:, :, None] == encoder_segment_ids[:, None, :]  # [B, T, S]
             cross_mask = cross_mask[:, None, :] & same
-        return self.decode(
-            decoder_input_ids, encoded, cross_mask, segment_ids=decoder_segment_ids, rngs=rngs
-        )
+        return self.decode(decoder_input_ids, encoded, cross_mask, segment_ids=decoder_segment_ids, rngs=rngs)
 
 
 def _check_ids(name: str, ids: Array) -> None:

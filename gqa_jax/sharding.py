@@ -7,16 +7,23 @@ divide is replicated instead, and recorded: for K/V heads this is the paper's se
 (MQA on 8-way model parallelism keeps 8 copies of its one K/V head; GQA-8 keeps none), which
 ``replication_report`` states in bytes per device.
 
-    mesh = make_mesh("2x4")                       # data 2 x model 4
-    shardings, report = param_shardings(model, mesh)
-    state = shard_state(state, mesh)              # params + optimizer state placed
-    step = make_sharded_train_step(graphdef, optimizer, mesh, state)
+    mesh = make_mesh("2x4")                                 # data 2 x model 4
+    state, shardings, replicated = init_sharded_state(config, optimizer, mesh, seed=0)
+    print(replication_report(replicated))
+    step = make_sharded_train_step(graphdef, optimizer, mesh, shardings)
+    tokens = decoding.greedy_decode((graphdef, state.params), ids, 64, mesh=mesh).tokens
+
+Activations and the KV cache take their specs from the same table: the model calls
+``constrain(x, logical_axes)`` at its layer boundaries, which is a no-op unless a trace runs
+inside ``activation_sharding(mesh)`` (the sharded train step and the decode loops do that).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,6 +45,16 @@ RULES: dict[str, str | None] = {
     "head_dim": None,
     "length": None,
     "buckets": None,
+}
+
+# the logical axes of activations and the cache (the model's ``constrain`` calls use these)
+ACTIVATION_AXES: dict[str, tuple[str, ...]] = {
+    "hidden": ("batch", "length", "embed"),  # residual stream [B, T, D]
+    "queries": ("batch", "length", "heads", "head_dim"),  # [B, T, N, H]
+    "kv": ("batch", "kv_heads", "length", "head_dim"),  # keys / values and the cache [B, K, T, H]
+    "mlp": ("batch", "length", "mlp"),  # [B, T, F]
+    "logits": ("batch", "length", "vocab"),  # [B, T, V]
+    "tokens": ("batch", "length"),  # [B, T]
 }
 
 # parameter name (last path element) -> logical axes of its dimensions
@@ -192,6 +209,112 @@ def replication_report(replicated: Sequence[Replication]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------- activations and the cache
+_ACTIVE = threading.local()
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Mapping[str, str | None] = RULES):
+    """While a function is traced inside this context, ``constrain`` pins activations to the
+    specs the rules give on ``mesh``. Outside it ``constrain`` does nothing (one device)."""
+    check_rules(rules, mesh)
+    stack = getattr(_ACTIVE, "stack", None)
+    if stack is None:
+        stack = _ACTIVE.stack = []
+    stack.append((mesh, dict(rules)))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def constrain(x: Any, kind: str) -> Any:
+    """``x`` with a sharding constraint for activation ``kind`` (a key of ``ACTIVATION_AXES``)
+    when traced inside ``activation_sharding``; ``x`` itself otherwise."""
+    stack = getattr(_ACTIVE, "stack", None)
+    if not stack:
+        return x
+    mesh, rules = stack[-1]
+    ps = spec(ACTIVATION_AXES[kind], x.shape, mesh, rules, name=kind)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, ps))
+
+
+def check_rules(rules: Mapping[str, str | None], mesh: Mesh) -> None:
+    """Every rule maps to an axis of ``mesh`` (or None), and every logical axis the model uses has a rule."""
+    for logical, mesh_axis in rules.items():
+        if mesh_axis is not None and mesh_axis not in mesh.shape:
+            raise ValueError(
+                f"rule {logical!r} -> {mesh_axis!r}: no such mesh axis (mesh axes: {tuple(mesh.shape)})"
+            )
+    used = {a for axes in (*ACTIVATION_AXES.values(), *_PARAM_AXES.values()) for a in axes}
+    used |= {"buckets", "vocab", "embed"}
+    missing = sorted(used - set(rules))
+    if missing:
+        raise ValueError(
+            f"the sharding rules have no entry for logical axes {missing}; add them (None replicates)"
+        )
+
+
+def shards(pspec: PartitionSpec, mesh: Mesh) -> int:
+    """Into how many distinct slices ``pspec`` cuts an array on ``mesh``."""
+    n = 1
+    for entry in pspec:
+        for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+            n *= mesh.shape[axis]
+    return n
+
+
+def cache_layout(
+    config: Any,
+    mesh: Mesh,
+    batch: int,
+    input_len: int,
+    output_len: int,
+    dtype: Any,
+    rules: Mapping[str, str | None] = RULES,
+) -> tuple[dict[str, Any], list[Replication]]:
+    """How a decode cache ``[B, K, length, H]`` per layer lies on ``mesh``: per kind (``self``,
+    ``cross``) its ``PartitionSpec``, the formula's total bytes, the shards, and the bytes each
+    device holds (``total / shards``; a replicated K/V-head axis is not divided). Also the
+    replicated K/V-head axes (``replication_report`` states the waste)."""
+    from gqa_jax import cache as kvcache
+
+    size = np.dtype(dtype).itemsize
+    total = kvcache.expected_cache_bytes(config, batch, input_len, output_len, dtype)
+    out: dict[str, Any] = {}
+    replicated: list[Replication] = []
+    for kind, attn, length in (("self", "decoder_self", output_len), ("cross", "cross", input_len)):
+        shape = (batch, config.kv_heads(attn), length, config.head_dim)
+        found: list[Replication] = []
+        ps = spec(
+            ACTIVATION_AXES["kv"], shape, mesh, rules, name=f"cache.{kind}", itemsize=size, replicated=found
+        )
+        n = shards(ps, mesh)
+        per_device = total[kind] // n
+        for r in found:  # the bytes a device holds of this kind's cache, over all layers, K and V
+            replicated.append(dataclasses.replace(r, bytes_per_device=per_device))
+        out[kind] = {"spec": ps, "total_bytes": total[kind], "shards": n, "bytes_per_device": per_device}
+    return out, replicated
+
+
+_LOGGED: set[Any] = set()
+
+
+def log_once(key: Any, msg: str) -> None:
+    """Print ``msg`` to stderr once per ``key``, on process 0 only."""
+    import sys
+
+    if key in _LOGGED or jax.process_index() != 0:
+        return
+    _LOGGED.add(key)
+    print(msg, file=sys.stderr, flush=True)
+
+
+def rules_key(rules: Mapping[str, str | None] | None) -> tuple[tuple[str, str | None], ...] | None:
+    """Rules as a hashable value (a static argument of ``jax.jit``)."""
+    return None if rules is None else tuple(sorted(rules.items()))
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Batch arrays: rows over ``data``, the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(RULES["batch"], *([None] * (ndim - 1))))
@@ -208,10 +331,10 @@ def check_batch(batch: Mapping[str, Any], mesh: Mesh) -> None:
             )
 
 
-def shard_state(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> tuple[Any, Any]:
-    """Place a ``TrainState`` on ``mesh``: params by the rules; optimizer leaves shaped like their
-    parameter take its sharding, other leaves (factored moments, counters) are replicated.
-    Returns ``(placed state, its shardings)``."""
+def state_shardings(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
+    """Shardings of a ``TrainState`` (concrete or abstract, e.g. from ``jax.eval_shape``): params by
+    the rules; optimizer leaves shaped like their parameter take its sharding, other leaves
+    (factored moments, counters) are replicated."""
     from gqa_jax.training import TrainState
 
     p_shard, _ = param_shardings(state.params, mesh, rules)
@@ -225,13 +348,47 @@ def shard_state(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES)
         # same-shape params may differ in spec only where one dim was replicated; take the first
         return cands[0] if cands and len({c.spec for c in cands}) == 1 else replicated
 
-    shardings = TrainState(
+    return TrainState(
         step=replicated,
         params=p_shard,
         opt_state=jax.tree.map(opt_sharding, state.opt_state),
         rng=replicated,
     )
+
+
+def shard_state(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> tuple[Any, Any]:
+    """Place a host ``TrainState`` on ``mesh``. Returns ``(placed state, its shardings)``."""
+    shardings = state_shardings(state, mesh, rules)
     return jax.device_put(state, shardings), shardings
+
+
+def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
+    """Place a pure-dict param tree on ``mesh`` by the rules (already placed leaves are resharded)."""
+    shardings, _ = param_shardings(params, mesh, rules)
+    return jax.device_put(params, shardings)
+
+
+def init_sharded_state(
+    config: Any, optimizer: Any, mesh: Mesh, seed: int, rules: Mapping[str, str | None] = RULES
+) -> tuple[Any, Any, Any, list[Replication]]:
+    """A fresh ``TrainState`` created already sharded: the initializers run under ``jax.jit`` with
+    the state's shardings as ``out_shardings``, so no host ever holds the whole model (each device
+    computes its own slices). The values equal ``training.init_state(T5(config, rngs=nnx.Rngs(seed)),
+    ...)`` on one device. Returns ``(state, shardings, graphdef, replicated)``."""
+    from flax import nnx
+
+    from gqa_jax import training
+    from gqa_jax.model import T5
+
+    def init() -> Any:
+        return training.init_state(T5(config, rngs=nnx.Rngs(seed)), optimizer, seed)
+
+    graphdef, _ = training.split_model(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(seed))))
+    abstract = jax.eval_shape(init)
+    shardings = state_shardings(abstract, mesh, rules)
+    _, replicated = param_shardings(abstract.params, mesh, rules)
+    state = jax.jit(init, out_shardings=shardings)()
+    return state, shardings, graphdef, replicated
 
 
 def make_sharded_train_step(
@@ -243,16 +400,22 @@ def make_sharded_train_step(
     num_microbatches: int = 1,
     z_loss: float | None = None,
     dropout: bool = False,
+    rules: Mapping[str, str | None] = RULES,
 ) -> Any:
     """``training.make_train_step`` jitted with explicit in/out shardings on ``mesh``."""
     import functools
 
     from gqa_jax import training
 
-    fn = functools.partial(
+    step_fn = functools.partial(
         training._train_step, graphdef, optimizer, num_microbatches=num_microbatches,
         z_loss=training.Z_LOSS if z_loss is None else z_loss, dropout=dropout,
     )  # fmt: skip
+
+    def fn(state: Any, batch: Any) -> Any:
+        with activation_sharding(mesh, rules):  # traced here: the model's constraints apply
+            return step_fn(state, batch)
+
     batch = batch_sharding(mesh)
     scalar = NamedSharding(mesh, PartitionSpec())
     jitted = jax.jit(
@@ -267,3 +430,92 @@ def make_sharded_train_step(
         return jitted(state, batch_arrays)
 
     return step
+
+
+# ------------------------------------------------------------------------------ multi-host
+def initialize_distributed(
+    coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
+    """Join a multi-process run when the arguments or the environment say so; returns whether
+    this is a multi-process run.
+
+    - ``GQA_JAX_COORDINATOR=host:port GQA_JAX_NUM_PROCESSES=n GQA_JAX_PROCESS_ID=i``: explicit
+      (GPU nodes, or several local processes on one CPU machine);
+    - ``GQA_JAX_DISTRIBUTED=auto``: ``jax.distributed.initialize()`` finds the cluster itself
+      (TPU VM pods, SLURM, Open MPI);
+    - neither: one process, nothing to do.
+    On CPU the collectives go through gloo. Call it before anything else touches JAX devices.
+    """
+    import os
+
+    coordinator = coordinator or os.environ.get("GQA_JAX_COORDINATOR")
+    if num_processes is None and os.environ.get("GQA_JAX_NUM_PROCESSES"):
+        num_processes = int(os.environ["GQA_JAX_NUM_PROCESSES"])
+    if process_id is None and os.environ.get("GQA_JAX_PROCESS_ID"):
+        process_id = int(os.environ["GQA_JAX_PROCESS_ID"])
+    auto = os.environ.get("GQA_JAX_DISTRIBUTED", "").lower() == "auto"
+    if coordinator is None and not auto:
+        return False
+    if coordinator is not None and (num_processes is None or process_id is None):
+        raise ValueError(
+            f"coordinator {coordinator!r} given without the number of processes and this process's id: "
+            "set GQA_JAX_NUM_PROCESSES and GQA_JAX_PROCESS_ID (or pass them)"
+        )
+    if coordinator is not None and not 0 <= process_id < num_processes:
+        raise ValueError(f"process id {process_id} is not in [0, {num_processes})")
+    if jax.distributed.is_initialized():
+        return jax.process_count() > 1
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms.startswith("cpu") or (not platforms and _cpu_only()):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if coordinator is None:
+        jax.distributed.initialize()
+    else:
+        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+    return jax.process_count() > 1
+
+
+def _cpu_only() -> bool:
+    import importlib.util
+
+    # No accelerator plugin installed: the CPU backend will be used.
+    return not any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu"))
+
+
+def process_data_slice(mesh: Mesh) -> tuple[int, int]:
+    """``(index, count)``: which of the batch's distinct row slices this process feeds.
+
+    Processes whose devices sit at the same ``data`` coordinates are replicas of each other and
+    feed identical rows (e.g. a 1x8 mesh over two hosts: both feed the whole batch); a 2x4 mesh
+    over two hosts gives each host its own half."""
+    rows = {}
+    for idx, device in np.ndenumerate(mesh.devices):
+        rows.setdefault(device.process_index, set()).add(idx[mesh.axis_names.index("data")])
+    slices = sorted({frozenset(v) for v in rows.values()}, key=min)
+    return slices.index(frozenset(rows[jax.process_index()])), len(slices)
+
+
+def global_batch(local: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+    """Arrays from this process's rows (its ``process_data_slice``) -> global arrays with rows
+    over ``data``. In one process this is a ``device_put``."""
+    out = {}
+    for key, value in local.items():
+        value = np.asarray(value)
+        sharding = batch_sharding(mesh, value.ndim)
+        if jax.process_count() == 1:
+            out[key] = jax.device_put(value, sharding)
+        else:
+            out[key] = jax.make_array_from_process_local_data(sharding, value)
+    return out
+
+
+def to_host(tree: Any) -> Any:
+    """Numpy copies of (possibly multi-process) global arrays, on every process."""
+    from jax.experimental import multihost_utils
+
+    def one(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)

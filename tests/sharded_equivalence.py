@@ -1,5 +1,6 @@
 """Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (by tests/test_sharding.py):
-a train step on each (mesh, K) vs one device; prints one JSON line per case."""
+for each (mesh, K): sharded init, a train step, greedy decoding and beam search vs one device;
+prints one JSON line per case."""
 
 import json
 import sys
@@ -8,38 +9,68 @@ import jax
 import numpy as np
 from flax import nnx
 
-from gqa_jax import sharding, training
+from gqa_jax import decoding, sharding, training
 from gqa_jax.bench_train import synthetic_batch
 from gqa_jax.config import preset
 from gqa_jax.model import T5
 
 
+def max_diff(a, b):
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
 def main(cases):
     assert jax.device_count() == 8, jax.devices()
+    one_device = jax.devices()[:1]
     for mesh_text, k in cases:
         cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
-        model = T5(cfg, rngs=nnx.Rngs(0))
-        graphdef, _ = training.split_model(model)
         opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
-        state = training.init_state(model, opt, seed=0)
         batch = synthetic_batch(cfg, 8, 8, 4, seed=1)
-        one_state, one_m = training.make_train_step(graphdef, opt, dropout=False, donate=False)(state, batch)
+        ids = np.random.default_rng(2).integers(2, cfg.vocab_size, (8, 12))
+        ids[3, 5:] = 0  # rows of different lengths
+        ids[6, 2:] = 0
+
+        # The reference: everything on one device.
+        with jax.default_device(one_device[0]):
+            model = T5(cfg, rngs=nnx.Rngs(0))
+            graphdef, _ = training.split_model(model)
+            state = training.init_state(model, opt, seed=0)
+            one_state, one_m = training.make_train_step(graphdef, opt, dropout=False, donate=False)(
+                state, batch
+            )
+            one_greedy = decoding.greedy_decode(model, ids, 10)
+            one_beam = decoding.beam_search(model, ids, 6, beam_size=2)
+
         mesh = sharding.make_mesh(mesh_text)
-        placed, shardings = sharding.shard_state(state, mesh)
-        _, replicated = sharding.param_shardings(state.params, mesh)
-        step = sharding.make_sharded_train_step(graphdef, opt, mesh, shardings)
-        new, m = step(placed, batch)
-        diff = max(
-            float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-            for a, b in zip(jax.tree.leaves(one_state.params), jax.tree.leaves(new.params), strict=True)
+        placed, shardings, graphdef_s, replicated = sharding.init_sharded_state(cfg, opt, mesh, seed=0)
+        init_diff = max_diff(state, placed)
+        init_specs_ok = all(
+            x.sharding.is_equivalent_to(s, x.ndim)
+            for x, s in zip(jax.tree.leaves(placed), jax.tree.leaves(shardings), strict=True)
         )
+        params = placed.params  # the decode runs on the sharded initial params
+        greedy = decoding.greedy_decode((graphdef_s, params), ids, 10, mesh=mesh, return_cache=True)
+        beam = decoding.beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh)
+        step = sharding.make_sharded_train_step(graphdef_s, opt, mesh, shardings)
+        new, m = step(placed, batch)
         key = new.params["decoder"]["layers"][0]["self_attn"]["key"]
         kv = sorted({r.name.rsplit(".", 1)[-1] for r in replicated if r.logical_axis == "kv_heads"})
+        _, cache_replicated = sharding.cache_layout(cfg, mesh, 8, 12, 10, "float32")
         print(json.dumps({
             "mesh": mesh_text, "k": k, "loss_one": float(one_m["loss"]), "loss_sharded": float(m["loss"]),
-            "max_param_diff": diff, "key_spec": [str(a) for a in key.sharding.spec],
-            "replicated_kv": kv,
-            "report": sharding.replication_report(replicated),
+            "max_param_diff": max_diff(one_state.params, new.params), "init_diff": init_diff,
+            "init_specs_ok": init_specs_ok, "key_spec": [str(a) for a in key.sharding.spec],
+            "replicated_kv": kv, "report": sharding.replication_report(replicated),
+            "greedy_equal": bool(np.array_equal(one_greedy.tokens, greedy.tokens)),
+            "greedy_lengths_equal": bool(np.array_equal(one_greedy.lengths, greedy.lengths)),
+            "beam_equal": bool(np.array_equal(one_beam.tokens, beam.tokens)),
+            "beam_score_diff": max_diff(one_beam.scores, beam.scores),
+            "cache_self_spec": [str(a) for a in greedy.cache.self_k[0].sharding.spec],
+            "cache_cross_spec": [str(a) for a in greedy.cache.cross_k[0].sharding.spec],
+            "cache_report": sharding.replication_report(cache_replicated) if cache_replicated else "",
         }), flush=True)  # fmt: skip
 
 

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 CASES = ("1x8:1", "2x4:2", "4x2:8", "8x1:2")
 
 
-def test_sharded_train_step_equals_one_device_on_every_mesh():
+def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
     cases = list(CASES)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = subprocess.run(
@@ -34,14 +34,63 @@ def test_sharded_train_step_equals_one_device_on_every_mesh():
     assert len(rows) == len(cases)
     for r in rows:
         model = int(r["mesh"].split("x")[1])
+        data = int(r["mesh"].split("x")[0])
+        # created sharded, same values as the one-device init (jit vs eager: float32 rounding)
+        assert r["init_diff"] < 1e-6 and r["init_specs_ok"], r
         assert r["loss_sharded"] == pytest.approx(r["loss_one"], abs=1e-5), r
         assert r["max_param_diff"] < 1e-5, r
+        assert r["greedy_equal"] and r["greedy_lengths_equal"] and r["beam_equal"], r
+        assert r["beam_score_diff"] < 1e-5, r
         shards_kv = model > 1 and r["k"] % model == 0
-        assert (r["key_spec"][1] == "model") == shards_kv, r  # decoder self-attention K/V heads
+        assert (r["key_spec"][1:2] == ["model"]) == shards_kv, r  # decoder self-attention K/V heads
+        # the cache [B, K, T, H]: rows over data, K/V heads over model exactly when K % model == 0
+        for cache_spec in (r["cache_self_spec"], r["cache_cross_spec"]):
+            padded = cache_spec + ["None"] * (4 - len(cache_spec))
+            assert padded[0] == ("data" if data > 1 else "None"), r
+            assert padded[1] == ("model" if shards_kv else "None"), r
         if model > 1 and not shards_kv:
             assert r["replicated_kv"] == ["key", "value"] and f"{model} copies" in r["report"], r
+            assert f"replicated over model ({model}): {model} copies" in r["cache_report"], r
+            assert "KV cache on mesh" in out.stderr  # the decode logged it
         else:
-            assert r["replicated_kv"] == [], r
+            assert r["replicated_kv"] == [] and r["cache_report"] == "", r
+
+
+def test_decoding_on_a_one_device_mesh_equals_plain_decoding():
+    from flax import nnx
+
+    from gqa_jax import decoding
+    from gqa_jax.config import preset
+    from gqa_jax.model import T5
+
+    model = T5(preset("tiny", num_kv_heads=2), rngs=nnx.Rngs(0))
+    ids = np.random.default_rng(0).integers(2, model.config.vocab_size, (3, 7))
+    mesh = sharding.make_mesh("1x1")
+    plain = decoding.greedy_decode(model, ids, 5)
+    meshed = decoding.greedy_decode(model, ids, 5, mesh=mesh, return_cache=True)
+    np.testing.assert_array_equal(plain.tokens, meshed.tokens)
+    assert meshed.cache.self_k[0].shape[1] == 2
+    with pytest.raises(ValueError, match="no such mesh axis"):
+        decoding.greedy_decode(model, ids, 5, mesh=mesh, rules=dict(sharding.RULES, heads="tensor"))
+    with pytest.raises(ValueError, match="no entry for logical axes \\['kv_heads'\\]"):
+        rules = {k: v for k, v in sharding.RULES.items() if k != "kv_heads"}
+        decoding.greedy_decode(model, ids, 5, mesh=mesh, rules=rules)
+
+
+def test_cache_layout_divides_the_formula_by_the_shards():
+    from gqa_jax import cache
+    from gqa_jax.config import preset
+
+    fake = type("M", (), {"shape": {"data": 2, "model": 4}, "axis_names": ("data", "model")})()
+    for k, kv_shards in ((8, 4), (4, 4), (2, 1), (1, 1)):
+        cfg = preset("tiny", num_heads=8, num_kv_heads=k, grouped_attentions=("decoder_self", "cross"))
+        layout, replicated = sharding.cache_layout(cfg, fake, 4, 16, 8, "bfloat16")
+        total = cache.expected_cache_bytes(cfg, 4, 16, 8, "bfloat16")
+        for kind in ("self", "cross"):
+            assert layout[kind]["total_bytes"] == total[kind]
+            assert layout[kind]["shards"] == 2 * kv_shards
+            assert layout[kind]["bytes_per_device"] == total[kind] // (2 * kv_shards)
+        assert bool(replicated) == (kv_shards == 1)
 
 
 def test_spec_follows_the_rules():
@@ -71,3 +120,9 @@ def test_bad_input():
     fake = type("M", (), {"shape": {"data": 2, "model": 1}})()
     with pytest.raises(ValueError, match="not divisible by the data axis size 2"):
         sharding.check_batch({"encoder_input_tokens": np.zeros((3, 4))}, fake)
+    with pytest.raises(ValueError, match="rule 'heads' -> 'tensor': no such mesh axis"):
+        sharding.check_rules(dict(sharding.RULES, heads="tensor"), mesh)
+    with pytest.raises(ValueError, match="no entry for logical axes"):
+        sharding.check_rules({"batch": "data"}, mesh)
+    with pytest.raises(ValueError, match="without the number of processes"):
+        sharding.initialize_distributed("127.0.0.1:1234")

@@ -1,0 +1,91 @@
+"""One process of a simulated two-host run (started twice by tests/test_multihost.py).
+
+Environment: GQA_JAX_COORDINATOR / GQA_JAX_NUM_PROCESSES / GQA_JAX_PROCESS_ID and
+XLA_FLAGS=--xla_force_host_platform_device_count=4 (4 CPU devices per process, 8 in all).
+Usage: multihost_worker.py OUT_DIR MESH:K [MESH:K ...]
+
+Per case: sharded init, one train step on a global batch fed half by each process (or whole by
+both when the data axis does not span the processes), greedy decoding, and an orbax checkpoint
+of the updated state written by both processes and restored into the same shardings.
+Process 0 writes the results to OUT_DIR/<mesh>_<k>.npz.
+"""
+
+import sys
+from pathlib import Path
+
+from gqa_jax import sharding
+
+sharding.initialize_distributed()  # before anything touches the devices
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+from gqa_jax import decoding, training  # noqa: E402
+from gqa_jax.bench_train import synthetic_batch  # noqa: E402
+from gqa_jax.config import preset  # noqa: E402
+
+
+def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
+    assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
+    for mesh_text, k in cases:
+        cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
+        opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
+        mesh = sharding.make_mesh(mesh_text)
+        state, shardings, graphdef, _ = sharding.init_sharded_state(cfg, opt, mesh, seed=0)
+
+        # Every process builds the same global batch and feeds only its own slice of rows.
+        full = synthetic_batch(cfg, 8, 8, 4, seed=1)
+        ids = np.random.default_rng(2).integers(2, cfg.vocab_size, (8, 12))
+        ids[3, 5:] = 0
+        index, count = sharding.process_data_slice(mesh)
+        rows = slice(index * 8 // count, (index + 1) * 8 // count)
+        batch = sharding.global_batch({k_: v[rows] for k_, v in full.items()}, mesh)
+        global_ids = sharding.global_batch({"ids": ids[rows]}, mesh)["ids"]
+
+        step = sharding.make_sharded_train_step(graphdef, opt, mesh, shardings)
+        new, metrics = step(state, batch)
+        greedy = decoding.greedy_decode((graphdef, new.params), global_ids, 10, mesh=mesh, return_cache=True)
+
+        # Checkpoint: each process writes its shards; restore into the same shardings.
+        ckpt_dir = out_dir / f"ckpt_{mesh_text}_{k}"
+        with ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(create=True)) as mgr:
+            mgr.save(1, args=ocp.args.StandardSave(new))
+            mgr.wait_until_finished()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, new)
+        with ocp.CheckpointManager(ckpt_dir) as mgr:
+            restored = mgr.restore(1, args=ocp.args.StandardRestore(abstract))
+        same = all(
+            a.sharding == b.sharding
+            and all(
+                np.array_equal(np.asarray(x.data), np.asarray(y.data))
+                for x, y in zip(a.addressable_shards, b.addressable_shards, strict=True)
+            )
+            for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(restored), strict=True)
+        )
+        all_same = multihost_utils.process_allgather(np.asarray(same))  # [processes]
+
+        host = sharding.to_host({"params": new.params, "tokens": greedy.tokens, "lengths": greedy.lengths})
+        key = new.params["decoder"]["layers"][0]["self_attn"]["key"]
+        if jax.process_index() == 0:
+            flat = {
+                "/".join(str(getattr(p, "key", p)) for p in path): leaf
+                for path, leaf in jax.tree_util.tree_leaves_with_path(host["params"])
+            }
+            np.savez(
+                out_dir / f"{mesh_text}_{k}.npz",
+                loss=np.asarray(float(metrics["loss"])),
+                tokens=host["tokens"],
+                lengths=host["lengths"],
+                restored_equal=np.asarray(bool(np.all(all_same))),
+                cache_spec=np.asarray([str(a) for a in greedy.cache.self_k[0].sharding.spec]),
+                key_spec=np.asarray([str(a) for a in key.sharding.spec]),
+                **{f"param/{name}": value for name, value in flat.items()},
+            )  # fmt: skip
+        loss = float(metrics["loss"])
+        print(f"process {jax.process_index()}: {mesh_text} K={k} loss {loss:.6f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), [(m, int(k)) for m, k in (c.split(":") for c in sys.argv[2:])])

@@ -384,8 +384,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from gqa_jax import run_config, training
+    from gqa_jax import run_config, sharding, training
 
+    # A multi-host run (GQA_JAX_COORDINATOR=... or GQA_JAX_DISTRIBUTED=auto) joins before any device use.
+    sharding.initialize_distributed()
     config = run_config.load(args.config, args.overrides)
     summary = training.train(config, args.workdir)
     print(" ".join(f"{k}={v}" for k, v in summary.items()))

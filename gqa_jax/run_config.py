@@ -106,6 +106,11 @@ def base_train_config() -> ml_collections.ConfigDict:
                       attentions, alpha, original_steps, source_step (schedule offset; default
                       original_steps): the run trains round(alpha x original_steps) steps
     batch_size        global rows per step; num_microbatches splits it for gradient accumulation
+    mesh              "DATAxMODEL" device mesh (e.g. "1x8", "2x4"): params, optimizer state,
+                      activations and the KV cache sharded by gqa_jax.sharding.RULES, batch rows
+                      over data; "" = one device. A multi-host run sets the mesh over all hosts'
+                      devices and starts every process with GQA_JAX_COORDINATOR/NUM_PROCESSES/
+                      PROCESS_ID (or GQA_JAX_DISTRIBUTED=auto on TPU pods; see the README)
     pack              several examples per row (segment ids), as T5X packs
     input_length, target_length   override the task's lengths (None: the task's)
     log_every, checkpoint_every, keep_checkpoints
@@ -122,6 +127,7 @@ def base_train_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.batch_size = 32
     c.num_microbatches = 1
+    c.mesh = ""
     c.pack = True
     c.input_length = None  # None: the task's (span corruption derives the targets' length)
     c.target_length = None

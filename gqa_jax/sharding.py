@@ -495,9 +495,10 @@ def process_data_slice(mesh: Mesh) -> tuple[int, int]:
     return slices.index(frozenset(rows[jax.process_index()])), len(slices)
 
 
-def global_batch(local: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+def global_batch(local: Mapping[str, Any], mesh: Mesh, *, identical: bool = False) -> dict[str, jax.Array]:
     """Arrays from this process's rows (its ``process_data_slice``) -> global arrays with rows
-    over ``data``. In one process this is a ``device_put``."""
+    over ``data``. ``identical=True``: every process passes the same whole batch (evaluation).
+    In one process this is a ``device_put``."""
     out = {}
     for key, value in local.items():
         value = np.asarray(value)
@@ -505,7 +506,8 @@ def global_batch(local: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
         if jax.process_count() == 1:
             out[key] = jax.device_put(value, sharding)
         else:
-            out[key] = jax.make_array_from_process_local_data(sharding, value)
+            shape = value.shape if identical else None
+            out[key] = jax.make_array_from_process_local_data(sharding, value, shape)
     return out
 
 
@@ -519,3 +521,46 @@ def to_host(tree: Any) -> Any:
         return np.asarray(x)
 
     return jax.tree.map(one, tree)
+
+
+def allgather_json(obj: Any) -> list[Any]:
+    """Every process's JSON-able ``obj``, in process order (a collective: all processes call it)."""
+    import json
+
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [json.loads(row[:n].tobytes().decode()) for row, n in zip(rows, sizes, strict=True)]
+
+
+def all_data_states(local: Any) -> Any:
+    """What a checkpoint stores of the input pipelines: this process's iterator state, or, in a
+    multi-process run, every process's (each reads its own slice of the data, so each resumes
+    from its own position; orbax writes the JSON from process 0 only)."""
+    if jax.process_count() == 1:
+        return local
+    return {"processes": allgather_json(local)}
+
+
+def own_data_state(saved: Any) -> Any:
+    """This process's iterator state from what ``all_data_states`` stored (None: start fresh)."""
+    if saved is None or "processes" not in saved:
+        if saved is not None and jax.process_count() > 1:
+            raise ValueError(
+                "this checkpoint's data position was written by one process; resuming it on "
+                f"{jax.process_count()} processes would re-read data: resume with one process"
+            )
+        return saved
+    states = saved["processes"]
+    if len(states) != jax.process_count():
+        raise ValueError(
+            f"this checkpoint's data positions were written by {len(states)} processes, but this run "
+            f"has {jax.process_count()}: resume with {len(states)} processes"
+        )
+    return states[jax.process_index()]

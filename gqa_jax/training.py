@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
 
 Array = jax.Array
@@ -261,6 +262,7 @@ RESTART_MAY_CHANGE = frozenset(
         "eval_at_start",
         "keep_checkpoints",
         "progress",
+        "mesh",  # orbax restores into whatever shardings the new mesh gives
     }
 )
 
@@ -341,6 +343,26 @@ def check_config(config: Any) -> None:
             f"config.batch_size {config.batch_size} is not divisible by "
             f"num_microbatches {config.num_microbatches}"
         )
+    if config.get("mesh"):
+        from gqa_jax import sharding
+
+        data, _ = sharding.parse_mesh_shape(config.mesh)
+        for name in ("batch_size", "eval_batch_size"):
+            if int(config[name]) % data:
+                raise ValueError(
+                    f"config.{name}={config[name]} is not divisible by the data axis ({data}) of "
+                    f"config.mesh={config.mesh!r}: choose a multiple of {data}"
+                )
+        if (config.batch_size // config.num_microbatches) % data:
+            raise ValueError(
+                f"micro-batches of {config.batch_size // config.num_microbatches} rows do not split over "
+                f"the data axis ({data}) of config.mesh={config.mesh!r}: lower num_microbatches"
+            )
+    elif jax.process_count() > 1:
+        raise ValueError(
+            f"this is one of {jax.process_count()} processes, but config.mesh is empty: set a mesh over "
+            "all their devices, e.g. --config.mesh=2x4"
+        )
     if config.recipe != "uptrain" and config.num_train_steps < 1:
         raise ValueError(f"config.num_train_steps must be >= 1, got {config.num_train_steps}")
 
@@ -373,8 +395,9 @@ def _model_config(config: Any, vocab: Any) -> Any:
     return preset(config.model.preset, **overrides)
 
 
-def _init_model(config: Any, vocab: Any, workdir: Any) -> tuple[T5, OptimizerConfig, dict[str, Any]]:
-    """The starting model, the optimizer settings and what was done (for the summary)."""
+def _init_model(config: Any, vocab: Any, workdir: Any) -> tuple[Any, OptimizerConfig, dict[str, Any]]:
+    """The starting model (a ``T5``, or its ``ModelConfig`` when it starts from random weights, so
+    a sharded run can create them sharded), the optimizer settings and what was done."""
     import json
 
     from gqa_jax import convert
@@ -382,8 +405,7 @@ def _init_model(config: Any, vocab: Any, workdir: Any) -> tuple[T5, OptimizerCon
     info: dict[str, Any] = {"recipe": config.recipe}
     opt = config.optimizer
     if config.recipe == "pretrain":
-        model = T5(_model_config(config, vocab), rngs=nnx.Rngs(config.seed))
-        return model, OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps), info
+        return _model_config(config, vocab), OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps), info
     if config.recipe == "uptrain":
         up = config.uptrain
         source, source_cfg, kind = convert.load_source(up.source)
@@ -392,7 +414,8 @@ def _init_model(config: Any, vocab: Any, workdir: Any) -> tuple[T5, OptimizerCon
             source, source_cfg, up.num_kv_heads, up.method, attentions=attentions, seed=config.seed
         )
         manifest["source_path"] = str(up.source)
-        (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        if jax.process_index() == 0:
+            (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         model = convert.to_model(params, cfg.replace(dropout_rate=config.model.dropout_rate or 0.0))
         offset = up.source_step if up.source_step is not None else up.original_steps
         info |= {"source": str(up.source), "source_kind": kind, "schedule_offset": int(offset),
@@ -405,7 +428,7 @@ def _init_model(config: Any, vocab: Any, workdir: Any) -> tuple[T5, OptimizerCon
         model = convert.to_model(nnx.to_pure_dict(nnx.state(source, nnx.Param)), cfg)
         info |= {"init_from": str(config.init_from), "source_kind": kind}
     else:
-        model = T5(_model_config(config, vocab), rngs=nnx.Rngs(config.seed))
+        model = _model_config(config, vocab)
         info["init_from"] = None
     return model, OptimizerConfig("constant", learning_rate=opt.learning_rate), info
 
@@ -498,7 +521,7 @@ class _Head:
 
 
 def evaluate(
-    model: T5,
+    model: T5 | tuple[Any, Any],
     task: Any,
     vocab: Any,
     *,
@@ -509,34 +532,44 @@ def evaluate(
     source: Any = None,
     input_length: int | None = None,
     target_length: int | None = None,
+    mesh: Any = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Score ``model`` on ``task``: greedy decodes + the task's metric, or, for span-corruption
-    corpora, the teacher-forced loss. Returns ``(scores, decoded examples)``."""
-    from gqa_jax import decoding, metrics
+    """Score ``model`` (a ``T5`` or its ``(graphdef, params)``) on ``task``: greedy decodes + the
+    task's metric, or, for span-corruption corpora, the teacher-forced loss. Returns ``(scores,
+    decoded examples)``. With a ``mesh`` the params stay sharded and every process evaluates the
+    same examples (rows over the data axis)."""
+    from gqa_jax import decoding, metrics, sharding
     from gqa_jax.data import pipeline as pipeline_lib
     from gqa_jax.data import tasks as tasks_lib
 
     source = tasks_lib.open_split(task, split, data_dir) if source is None else source
     source = _Head(source, num_examples)
     batch_size = min(batch_size, len(source))
+    if mesh is not None:  # whole rows per data shard (the pipeline pads the last batch)
+        batch_size = -(-batch_size // mesh.shape["data"]) * mesh.shape["data"]
     p = pipeline_lib.make_pipeline(
         task, split, vocab, batch_size=batch_size, source=source, shuffle=False, repeat=False,
         process_index=0, process_count=1, input_length=input_length, target_length=target_length,
     )  # fmt: skip
     if task.metric is None:
-        graphdef, params = split_model(model)
+        graphdef, params = split_model(model) if isinstance(model, T5) else model
         eval_step = make_eval_step(graphdef)
         sums = {"ce": 0.0, "z": 0.0, "correct": 0.0, "tokens": 0.0}
         for batch in p.iterator():
             batch = {k: v for k, v in batch.items() if k != "example_index"}
-            out = jax.device_get(eval_step(params, batch))
+            if mesh is not None:
+                batch = sharding.global_batch(batch, mesh, identical=True)
+            out = sharding.to_host(eval_step(params, batch))
             sums = {k: sums[k] + float(out[k]) for k in sums}
         tokens = max(sums["tokens"], 1.0)
         return {"loss": sums["ce"] / tokens, "accuracy": sums["correct"] / tokens}, []
     predictions, references, inputs = [], [], []
     for batch in p.iterator():
-        result = decoding.greedy_decode(model, batch["encoder_input_tokens"], p.target_length)
-        tokens = jax.device_get(result.tokens)
+        ids = batch["encoder_input_tokens"]
+        if mesh is not None:
+            ids = sharding.global_batch({"ids": ids}, mesh, identical=True)["ids"]
+        result = decoding.greedy_decode(model, ids, p.target_length, mesh=mesh)
+        tokens = sharding.to_host(result.tokens)
         for row, index in zip(tokens, batch["example_index"], strict=True):
             if index < 0:
                 continue
@@ -584,7 +617,8 @@ def _stop_on_nan(workdir: Any, step: int, m: Mapping[str, Any], batch: Batch, la
         "batch": _batch_stats(batch),
         "last_checkpoint": last,
     }
-    file.write_text(json.dumps(report, indent=2) + "\n")
+    if jax.process_index() == 0:
+        file.write_text(json.dumps(report, indent=2) + "\n")
     raise FloatingPointError(
         f"loss {float(m['loss'])} / grad norm {float(m['grad_norm'])} at step {step}: stopped; the batch's "
         f"statistics are in {file}; the last good checkpoint (step {last}) is untouched"
@@ -606,7 +640,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     import orbax.checkpoint as ocp
     from tqdm import tqdm
 
-    from gqa_jax import checkpoints, metrics
+    from gqa_jax import checkpoints, metrics, sharding
     from gqa_jax.data import pipeline as pipeline_lib
     from gqa_jax.data import tasks as tasks_lib
 
@@ -618,49 +652,81 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     _check_workdir(workdir, config)
     total = num_steps(config)
 
+    is_main = jax.process_index() == 0  # only process 0 writes logs, configs and reports
+    mesh = sharding.make_mesh(config.mesh) if config.mesh else None
     workdir.mkdir(parents=True, exist_ok=True)
     model, opt_cfg, info = _init_model(config, vocab, workdir)
-    _write_config(workdir, config)  # after the model exists: a failed start leaves no claim on the workdir
-    if model.config.vocab_size < vocab.vocab_size:
+    model_cfg = model if isinstance(model, ModelConfig) else model.config
+    if model_cfg.vocab_size < vocab.vocab_size:
         raise ValueError(
-            f"the model's vocab_size {model.config.vocab_size} is smaller than the vocabulary's "
+            f"the model's vocab_size {model_cfg.vocab_size} is smaller than the vocabulary's "
             f"{vocab.vocab_size}: use the vocabulary the checkpoint was trained with"
         )
-    (workdir / "model_config.json").write_text(model.config.to_json() + "\n")
     optimizer = make_optimizer(opt_cfg)
     schedule = make_schedule(opt_cfg)
-    graphdef, _ = split_model(model)
-    state = init_state(model, optimizer, config.seed)
+    shardings = None
+    if mesh is not None and isinstance(model, ModelConfig):  # created sharded, never on one host
+        state, shardings, graphdef, replicated = sharding.init_sharded_state(
+            model, optimizer, mesh, config.seed
+        )
+    else:
+        model = T5(model, rngs=nnx.Rngs(config.seed)) if isinstance(model, ModelConfig) else model
+        graphdef, _ = split_model(model)
+        state = init_state(model, optimizer, config.seed)
+        if mesh is not None:
+            state, shardings = sharding.shard_state(state, mesh)
+            _, replicated = sharding.param_shardings(state.params, mesh)
     del model
+    if mesh is not None and is_main:
+        _log(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es): "
+             + sharding.replication_report(replicated))  # fmt: skip
+    if is_main:  # after the model exists: a failed start leaves no claim on the workdir
+        _write_config(workdir, config)
+        (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
 
     manager = _checkpoint_manager(workdir, config.keep_checkpoints, best=task.metric is not None)
     state, data_state = _restore(manager, state, workdir)
     start = int(state.step)
     if start:
         _log(f"resuming {workdir} from step {start}")
-        _truncate_metrics(workdir, start)
+        if is_main:
+            _truncate_metrics(workdir, start)
     if start >= total:
         _log(f"{workdir} already at step {start} >= {total}: nothing to train")
 
+    # Each process reads its own slice of every batch (processes holding the same rows of the
+    # mesh read the same slice).
+    slice_index, slice_count = sharding.process_data_slice(mesh) if mesh is not None else (0, 1)
     train_pipe = pipeline_lib.make_pipeline(
         task, "train", vocab, batch_size=config.batch_size, seed=config.seed, data_dir=data_dir,
         pack=config.pack, input_length=config.input_length, target_length=config.target_length,
+        process_index=slice_index, process_count=slice_count,
     )  # fmt: skip
-    batches = train_pipe.iterator(state=data_state)
-    step_fn = make_train_step(
-        graphdef, optimizer, num_microbatches=config.num_microbatches, z_loss=config.z_loss,
-        dropout=config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0,
-    )  # fmt: skip
-    is_main = jax.process_index() == 0
+    batches = train_pipe.iterator(state=sharding.own_data_state(data_state))
+    dropout = config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0
+    if mesh is None:
+        step_fn = make_train_step(
+            graphdef, optimizer, num_microbatches=config.num_microbatches, z_loss=config.z_loss,
+            dropout=dropout,
+        )  # fmt: skip
+    else:
+        step_fn = sharding.make_sharded_train_step(
+            graphdef, optimizer, mesh, shardings, num_microbatches=config.num_microbatches,
+            z_loss=config.z_loss, dropout=dropout,
+        )  # fmt: skip
     writer = metrics.MetricWriter(workdir) if is_main else None
     summary: dict[str, Any] = {"steps": total, **info}
 
     def run_eval(step: int) -> float | None:
-        model = nnx.merge(graphdef, jax.device_get(state.params))
+        if mesh is None:
+            model: Any = nnx.merge(graphdef, jax.device_get(state.params))
+        else:  # every process runs the same evaluation on the sharded params
+            model = (graphdef, state.params)
         t0 = time.time()
         scores, decodes = evaluate(
             model, task, vocab, num_examples=config.eval_examples, batch_size=config.eval_batch_size,
             data_dir=data_dir, input_length=config.input_length, target_length=config.target_length,
+            mesh=mesh,
         )  # fmt: skip
         if writer:
             writer.write(
@@ -678,11 +744,14 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         return scores[metrics.PRIMARY[task.metric]]
 
     def save(step: int, score: float | None) -> None:
-        host_state = jax.device_get(state)  # a host copy: the device buffers are donated next step
+        # The device buffers are donated to the next step: one device saves a host copy; on a
+        # mesh orbax copies every process's shards to host before save() returns.
+        saved = jax.device_get(state) if mesh is None else state
         manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(host_state), data=ocp.args.JsonSave(batches.get_state())
+                state=ocp.args.StandardSave(saved),
+                data=ocp.args.JsonSave(sharding.all_data_states(batches.get_state())),
             ),
             metrics=None if score is None else {"score": float(score)},
             force=True,
@@ -695,13 +764,14 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         if config.eval_at_start and start == 0 and config.eval_every >= 0:
             run_eval(0)  # the starting point's score: the baseline fine-tuning must beat
         for step in range(start, total):
-            batch = next(batches)
-            state, m = step_fn(state, batch)
+            batch = next(batches)  # this process's rows
+            state, m = step_fn(state, batch if mesh is None else sharding.global_batch(batch, mesh))
             m = jax.device_get(m)
             done = step + 1
             if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
                 _stop_on_nan(workdir, done, m, batch, manager.latest_step())
-            tokens_since += float(np.sum(batch["encoder_input_tokens"] != 0)) + float(m["tokens"])
+            input_tokens = float(np.sum(batch["encoder_input_tokens"] != 0)) * slice_count  # ~ all rows
+            tokens_since += input_tokens + float(m["tokens"])
             steps_since += 1
             bar.update(1)
             if done % config.log_every == 0 or done == total:
@@ -728,8 +798,9 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         best = manager.best_step() if task.metric is not None else None
         if best is not None:
             summary |= {"best_step": int(best)}
+        final_params = jax.device_get(state.params) if mesh is None else sharding.to_host(state.params)
         if is_main:
-            final = nnx.merge(graphdef, jax.device_get(state.params))
+            final = nnx.merge(graphdef, final_params)
             checkpoints.save(final, workdir / "model", overwrite=True)
             (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary

@@ -52,8 +52,13 @@ def command(workdir, data, vocab, steps):
 
 
 def restore_state(path):
+    """A checkpoint's TrainState as numpy arrays (whatever devices or mesh wrote it)."""
     with ocp.PyTreeCheckpointer() as ckpt:
-        return ckpt.restore(path / "state")
+        meta = ckpt.metadata(path / "state")
+        tree = getattr(meta, "item_metadata", meta)
+        tree = getattr(tree, "tree", tree)
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        return ckpt.restore(path / "state", restore_args=args)
 
 
 def test_sigkill_and_restart_continue_bitwise(suite_subset, small_vocab, tmp_path):
@@ -92,4 +97,65 @@ def test_sigkill_and_restart_continue_bitwise(suite_subset, small_vocab, tmp_pat
     leaves_b, tree_b = jax.tree.flatten(sb)
     assert tree_a == tree_b and len(leaves_a) > 10
     for x, y in zip(leaves_a, leaves_b, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def two_processes(args, env, timeout=600):
+    """Run ``python -m gqa_jax ARGS`` as two processes x 4 CPU devices; returns their outputs."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for pid in range(2):
+        penv = dict(
+            env, GQA_JAX_COORDINATOR=f"127.0.0.1:{port}", GQA_JAX_NUM_PROCESSES="2",
+            GQA_JAX_PROCESS_ID=str(pid), XLA_FLAGS="--xla_force_host_platform_device_count=4",
+            JAX_PLATFORMS="cpu",
+        )  # fmt: skip
+        procs.append(
+            subprocess.Popen(args, cwd=REPO, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        )
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0].decode())
+    finally:
+        for p in procs:
+            p.kill()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+    return outs
+
+
+def test_two_process_train_on_a_2x4_mesh_resumes_exactly(suite_subset, small_vocab, tmp_path):
+    """`train` over two processes (each feeding its half of the rows, process 0 alone writing logs):
+    6 steps, then checkpoint 6 is set aside and a restart from 4 recomputes steps 5-6 identically."""
+    data, env = suite_subset
+    wd = tmp_path / "run"
+    args = command(wd, data, small_vocab.path, 6) + [
+        "--config.mesh=2x4", "--config.checkpoint_every=2", "--config.eval_every=2",
+        "--config.eval_examples=8", "--config.eval_batch_size=4", "--config.keep_checkpoints=5",
+    ]  # fmt: skip
+    outs = two_processes(args, env)
+    assert "mesh {'data': 2, 'model': 4} over 2 process(es)" in outs[0]
+    first = metrics.read_metrics(wd)
+    train_steps = [m["step"] for m in first if "train/loss" in m]
+    assert train_steps == [1, 2, 3, 4, 5, 6]  # logged once: only process 0 writes
+    assert [m["step"] for m in first if "eval/loss" in m] == [2, 4, 6]
+    assert (wd / "model" / "config.json").is_file() and (wd / "summary.json").is_file()
+    aside = tmp_path / "step6"
+    (wd / "checkpoints" / "6").rename(aside)
+
+    outs = two_processes(args, env)
+    assert "from step 4" in outs[0]
+    again = {m["step"]: m for m in metrics.read_metrics(wd) if "train/loss" in m}
+    before = {m["step"]: m for m in first if "train/loss" in m}
+    assert sorted(again) == [1, 2, 3, 4, 5, 6]
+    for step in (5, 6):
+        for key in COMPARED:
+            assert again[step][f"train/{key}"] == before[step][f"train/{key}"], (step, key)
+    sa, sb = restore_state(aside), restore_state(wd / "checkpoints" / "6")
+    for x, y in zip(jax.tree.leaves(sa), jax.tree.leaves(sb), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -126,3 +126,19 @@ def test_bad_input():
         sharding.check_rules({"batch": "data"}, mesh)
     with pytest.raises(ValueError, match="without the number of processes"):
         sharding.initialize_distributed("127.0.0.1:1234")
+
+
+def test_train_config_mesh_errors():
+    from gqa_jax import run_config, training
+
+    config = run_config.base_train_config()
+    config.mesh = "2x4"
+    config.batch_size = 7
+    with pytest.raises(ValueError, match="batch_size=7 is not divisible by the data axis \\(2\\)"):
+        training.check_config(config)
+    config.batch_size, config.num_microbatches = 8, 8
+    with pytest.raises(ValueError, match="micro-batches of 1 rows do not split"):
+        training.check_config(config)
+    config.mesh = "2by4"
+    with pytest.raises(ValueError, match="DATAxMODEL"):
+        training.check_config(config)

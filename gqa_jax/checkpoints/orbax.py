@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -72,7 +73,10 @@ def save(
     try:
         (tmp / CONFIG).write_text(model.config.to_json() + "\n")
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-        with ocp.StandardCheckpointer() as checkpointer:
+        # This process alone (no cross-process barriers): in a multi-host run one process writes it.
+        me = jax.process_index()
+        alone = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+        with ocp.StandardCheckpointer(multiprocessing_options=alone) as checkpointer:
             checkpointer.save(tmp / PARAMS, params)
             checkpointer.wait_until_finished()
         for name, text in extra_files.items():

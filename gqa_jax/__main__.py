@@ -9,6 +9,9 @@ Commands:
            `bench train` (tokens/s and MFU against the measured matmul peak).
   data     tasks, dataset preparation, the embedded stdlib suite, vocabularies (``data --help``).
   train    pre-train, uptrain or fine-tune: --config configs/<file>.py[:variant] --workdir DIR.
+  plan     per-device memory of the sharded train step and decode loop on a mesh, compiled ahead
+           of time on abstract shapes (params, optimizer state, KV cache, temporaries, fits?,
+           the largest batch that fits).
 
 Each command is a pair (add its arguments to a parser, run it on the parsed args -> exit code)
 in ``COMMANDS``. Bad input is one line on stderr and exit code 2.
@@ -394,6 +397,98 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ plan
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    from gqa_jax.config import DTYPES, PRESETS
+    from gqa_jax.plan import DEFAULT_HBM_GIB, PROGRAMS
+
+    p.add_argument("--preset", required=True, choices=PRESETS, help="model shape")
+    p.add_argument(
+        "--num-kv-heads",
+        type=_positive_int,
+        default=None,
+        help="K/V heads K of decoder self- and cross-attention (1 = MQA; must divide the query heads) "
+        "(default: MHA, K = num_heads)",
+    )
+    p.add_argument("--mesh", default="1x8", help="DATAxMODEL devices (default: %(default)s)")
+    p.add_argument(
+        "--batch", type=_positive_int, required=True, help="rows per step, a multiple of the data axis size"
+    )
+    p.add_argument(
+        "--input-len", type=_positive_int, default=2048, help="input length S (default: %(default)s)"
+    )
+    p.add_argument(
+        "--output-len",
+        type=_positive_int,
+        default=512,
+        help="target length of the train step and decoded tokens T (default: %(default)s)",
+    )
+    p.add_argument(
+        "--hbm-gib",
+        type=float,
+        default=DEFAULT_HBM_GIB,
+        help="memory per device, GiB (default: %(default)s, TPU v4; v5p 95, H100 80)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=DTYPES,
+        help="activations, decode params and KV cache (default: %(default)s)",
+    )
+    p.add_argument(
+        "--param-dtype",
+        default="float32",
+        choices=DTYPES,
+        help="the train step's params and optimizer state (default: %(default)s)",
+    )
+    p.add_argument(
+        "--num-microbatches",
+        type=_positive_int,
+        default=1,
+        help="gradient accumulation in the train step (default: %(default)s)",
+    )
+    p.add_argument(
+        "--programs",
+        default=",".join(PROGRAMS),
+        help="comma-separated programs to compile, from train,decode (default: %(default)s)",
+    )
+    p.add_argument(
+        "--batch-search",
+        default=",".join(PROGRAMS),
+        help="programs whose largest fitting batch is searched (2-4 more compiles each); '' or none "
+        "for none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-batch-search", action="store_true", help="no batch search (same as --batch-search none)"
+    )
+    p.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from gqa_jax import bench, plan
+
+    def names(text: str) -> tuple[str, ...]:
+        return tuple(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none")
+
+    programs = names(args.programs)
+    search = () if args.no_batch_search else tuple(p for p in names(args.batch_search) if p in programs)
+    unknown = [n for n in (*programs, *names(args.batch_search)) if n not in plan.PROGRAMS]
+    if unknown:
+        raise ValueError(f"unknown program(s) {unknown}; choose from {', '.join(plan.PROGRAMS)}")
+    settings = plan.PlanSettings(
+        preset=args.preset, num_kv_heads=args.num_kv_heads, mesh=args.mesh, batch=args.batch,
+        input_len=args.input_len, output_len=args.output_len, hbm_gib=args.hbm_gib, dtype=args.dtype,
+        param_dtype=args.param_dtype, num_microbatches=args.num_microbatches, programs=programs,
+        batch_search=search,
+    )  # fmt: skip
+    res = plan.plan(settings, log=_log_stderr)
+    print(plan.report(res), flush=True)
+    if args.json:
+        bench.write_json(res, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[..., int]]] = {
     "demo": (
         "the mini reproduction: pre-train, uptrain to GQA / MQA, fine-tune, score, time decoding",
@@ -425,6 +520,12 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
         "`bench train` (tokens/s, MFU)",
         _add_bench_args,
         _run_bench,
+    ),
+    "plan": (
+        "per-device memory of the sharded train step and decode loop on a mesh, compiled ahead of time "
+        "(params, optimizer state, KV cache, temporaries, fits?, largest batch)",
+        _add_plan_args,
+        _run_plan,
     ),
 }
 

@@ -1,0 +1,627 @@
+"""``python -m gqa_jax plan``: per-device memory of the sharded train step and the greedy decode
+loop, compiled ahead of time on abstract shapes (no weights are allocated).
+
+Both programs are built exactly as a run builds them: the train step is ``training._train_step``
+jitted with the ``TrainState`` shardings of the rule table (``sharding.state_shardings``), the batch
+rows over ``data`` and the state donated, traced inside ``sharding.activation_sharding``; the decode
+loop is ``decoding._decode_loop`` (greedy, prefill included) with ``mesh=``. Their inputs are
+``jax.ShapeDtypeStruct``s carrying those shardings; ``jax.jit(...).lower(...).compile()`` then
+gives ``memory_analysis()``, which for an SPMD-partitioned program counts ONE device's buffers.
+
+Per device, for each program:
+
+  params, optimizer state  exact: every leaf's bytes divided by its shards (a dimension the mesh
+                           axis does not divide is replicated, not divided), summed. With the batch
+                           inputs they add up to the executable's argument size (checked).
+  KV cache (formula)       ``sharding.cache_layout``: ``cache.expected_cache_bytes / shards``, where a
+                           K/V-head axis that ``model`` does not divide is held whole by every device.
+  KV cache (compiled)      the decode executable's output cache arrays, at the shardings the
+                           compiler gave them (checked against the formula).
+  temporaries              ``memory_analysis().temp_size_in_bytes`` (activations, gradients, the
+                           optimizer's intermediates, the loop's working buffers).
+  total                    argument + output - alias (donated buffers reused) + temporaries +
+                           generated code: everything the executable holds at once, an upper bound
+                           of its peak.
+
+The largest batch that fits ``--hbm-gib``: per device, memory is affine in the batch (params and
+optimizer state fixed; activations, gradients' batch-shaped parts and the cache grow with the rows).
+The plan compiles at the requested batch and at the smallest one (the data-axis size, times the
+micro-batches for training), fits the line, predicts the largest multiple of that size that fits,
+and verifies it by compiling at that batch and the next multiple (when they disagree, it refits
+between the compiled batches either side of the limit, at most ``MAX_REFITS`` times). When
+nothing fits, the smallest batch's compile is the verification. The report says which batches
+were compiled and how long each took.
+
+The numbers are XLA's buffer assignment on the backend the plan runs on. On CPU (the default here,
+with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` to simulate N devices) the fusion,
+scheduling and layouts differ from TPU / GPU, so temporaries are indicative; params, optimizer
+state and the cache are exact everywhere. XLA:CPU computes bfloat16 matmuls in float32, which
+makes float32 copies of their bfloat16 operands: the plan keeps these per decode step rather than
+hoisted out of the loop (``CPU_COMPILE_OPTIONS``), but the train step's temporaries on CPU still
+hold some float32 where a TPU holds bfloat16. Run the same command on the target machine for its
+compiler's numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from gqa_jax import decoding, training
+from gqa_jax import sharding as sharding_lib
+from gqa_jax.config import ModelConfig, preset
+from gqa_jax.model import EOS_ID, T5
+
+GIB = 2**30
+DEFAULT_HBM_GIB = 32.0  # TPU v4, the paper's chip (v5p: 95, H100: 80)
+PROGRAMS = ("train", "decode")
+MAX_REFITS = 2
+
+# XLA options on the CPU backend only.
+# - LLVM optimizations off: the plan never runs the executables (tiny train step on 2 cores:
+#   12 s instead of 18 s to compile; buffer sizes unchanged).
+# - No while-loop invariant code motion: XLA:CPU has no bfloat16 matmul, so it computes every
+#   bfloat16 dot in float32, and this pass then hoists the float32 conversions of loop-invariant
+#   operands out of the decode loop: a float32 copy of every decoder weight and of the whole
+#   cross-attention K/V cache (twice its bytes) held for the whole loop, which a TPU or GPU (native
+#   bfloat16 matmuls) never makes. Without the pass the conversions stay per step, transient
+#   (tiny decode: temporaries 244 KB -> 125 KB). The train step has no loop (unless micro-batched).
+# Measured and not used: "xla_cpu_use_fusion_emitters": False halves the tiny train step's compile
+# (6 s) but doubled xxl's (464 s instead of 247 s).
+CPU_COMPILE_OPTIONS: dict[str, Any] = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_disable_hlo_passes": "while-loop-invariant-code-motion",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSettings:
+    preset: str
+    num_kv_heads: int | None
+    mesh: str
+    batch: int
+    input_len: int
+    output_len: int
+    hbm_gib: float = DEFAULT_HBM_GIB
+    dtype: str = "bfloat16"  # activations; the decode params and the KV cache
+    param_dtype: str = "float32"  # the train step's params (and so its optimizer state)
+    num_microbatches: int = 1
+    programs: tuple[str, ...] = PROGRAMS
+    batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
+
+
+# ------------------------------------------------------------------------------- bytes
+def _itemsize(dtype: Any) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # a typed PRNG key: its key data
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+        return math.prod(data.shape) * np.dtype(data.dtype).itemsize
+    return np.dtype(dtype).itemsize
+
+
+def device_bytes(tree: Any) -> int:
+    """Bytes one device holds of ``tree`` (``ShapeDtypeStruct``s or arrays with shardings): each
+    leaf's shard (``sharding.shard_shape``: a dimension not split is held whole), summed."""
+    leaves = jax.tree.leaves(tree)
+    return sum(math.prod(x.sharding.shard_shape(tuple(x.shape))) * _itemsize(x.dtype) for x in leaves)
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def memory(compiled: Any) -> dict[str, int]:
+    """``compiled.memory_analysis()`` of one device, and ``total`` = argument + output - alias +
+    temp + generated code (host-side sizes added when the backend reports any)."""
+    m = compiled.memory_analysis()
+    out = {
+        "argument": int(m.argument_size_in_bytes),
+        "output": int(m.output_size_in_bytes),
+        "alias": int(m.alias_size_in_bytes),
+        "temp": int(m.temp_size_in_bytes),
+        "generated_code": int(m.generated_code_size_in_bytes),
+    }
+    host = sum(
+        int(getattr(m, f"host_{k}_size_in_bytes", 0) or 0)
+        for k in ("argument", "output", "temp", "generated_code")
+    ) - int(getattr(m, "host_alias_size_in_bytes", 0) or 0)
+    out["host"] = host
+    out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"] + out["generated_code"] + host
+    return out
+
+
+# ------------------------------------------------------------------------------- the setup
+@dataclasses.dataclass
+class _Setup:
+    """Everything both programs need, built once (abstract: shapes and shardings only)."""
+
+    settings: PlanSettings
+    train_config: ModelConfig
+    decode_config: ModelConfig
+    mesh: Any
+    data: int
+    optimizer: Any = None
+    train_graphdef: Any = None
+    train_state: Any = None  # abstract TrainState with shardings
+    state_shardings: Any = None
+    decode_graphdef: Any = None
+    decode_params: Any = None  # abstract params (model dtype) with shardings
+    param_replicated: list = dataclasses.field(default_factory=list)
+
+
+def _check(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, Any]:
+    """Configs and mesh, with clear errors before anything slow happens."""
+    unknown = [p for p in (*settings.programs, *settings.batch_search) if p not in PROGRAMS]
+    if unknown:
+        raise ValueError(f"unknown program(s) {unknown}; choose from {', '.join(PROGRAMS)}")
+    if not settings.programs:
+        raise ValueError("nothing to plan: give at least one program (train, decode)")
+    if not settings.hbm_gib > 0:
+        raise ValueError(f"--hbm-gib must be positive, got {settings.hbm_gib}")
+    for name in ("batch", "input_len", "output_len", "num_microbatches"):
+        value = getattr(settings, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    overrides: dict[str, Any] = {"dtype": settings.dtype, "param_dtype": settings.param_dtype}
+    if settings.num_kv_heads is not None:
+        overrides["num_kv_heads"] = settings.num_kv_heads
+    train_config = preset(settings.preset, **overrides)
+    decode_config = train_config.replace(param_dtype=settings.dtype)  # decode with the model dtype
+    mesh = sharding_lib.make_mesh(settings.mesh)
+    data = mesh.shape["data"]
+    if settings.batch % data:
+        raise ValueError(
+            f"batch {settings.batch} is not divisible by the data axis size {data} of mesh {settings.mesh}: "
+            f"choose a multiple of {data}"
+        )
+    rows = data * settings.num_microbatches
+    if "train" in settings.programs and settings.batch % rows:
+        raise ValueError(
+            f"batch {settings.batch} is not divisible by data axis {data} x num_microbatches "
+            f"{settings.num_microbatches} = {rows}: each micro-batch's rows must split over the data axis"
+        )
+    return train_config, decode_config, mesh
+
+
+def _setup(settings: PlanSettings) -> _Setup:
+    train_config, decode_config, mesh = _check(settings)
+    s = _Setup(settings, train_config, decode_config, mesh, mesh.shape["data"])
+    if "train" in settings.programs:
+        s.optimizer = training.make_optimizer(training.OptimizerConfig())
+        s.train_graphdef, _ = training.split_model(nnx.eval_shape(lambda: T5(train_config, rngs=nnx.Rngs(0))))
+        abstract = jax.eval_shape(
+            lambda: training.init_state(T5(train_config, rngs=nnx.Rngs(0)), s.optimizer, 0)
+        )
+        s.state_shardings = sharding_lib.state_shardings(abstract, mesh)
+        s.train_state = _abstract(abstract, s.state_shardings)
+        _, s.param_replicated = sharding_lib.param_shardings(abstract.params, mesh)
+    if "decode" in settings.programs:
+        s.decode_graphdef, params = training.split_model(
+            nnx.eval_shape(lambda: T5(decode_config, rngs=nnx.Rngs(0)))
+        )
+        shardings, replicated = sharding_lib.param_shardings(params, mesh)
+        s.decode_params = _abstract(params, shardings)
+        if not s.param_replicated:
+            s.param_replicated = replicated
+    return s
+
+
+def _compile(lowered: Any) -> Any:
+    options = CPU_COMPILE_OPTIONS if jax.default_backend() == "cpu" else None
+    return lowered.compile(compiler_options=options) if options else lowered.compile()
+
+
+def _argument_bytes(compiled: Any, args: Any) -> dict[str, int]:
+    """Per-device bytes of the arguments, all and those the executable keeps: jit drops arguments
+    the program never reads (Adafactor's placeholder leaves, greedy decoding's temperature), and
+    the compiled argument size counts only the kept ones. Which are kept is ``_kept_var_idx`` of
+    jax's executable (private; all are assumed kept when it is missing)."""
+    leaves = jax.tree.leaves(args)
+    kept = getattr(getattr(compiled, "_executable", None), "_kept_var_idx", None)
+    kept = set(range(len(leaves))) if kept is None else set(kept)
+    sizes = [device_bytes(x) for x in leaves]
+    return {"all": sum(sizes), "kept": sum(n for i, n in enumerate(sizes) if i in kept)}
+
+
+# ------------------------------------------------------------------------------- programs
+def train_batch(setup: _Setup, batch: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The train step's abstract batch (the features of ``bench_train.synthetic_batch``)."""
+    s = setup.settings
+    rows = sharding_lib.batch_sharding(setup.mesh)
+    features = (
+        ("encoder_input_tokens", s.input_len, jnp.int32),
+        ("decoder_input_tokens", s.output_len, jnp.int32),
+        ("decoder_target_tokens", s.output_len, jnp.int32),
+        ("decoder_loss_weights", s.output_len, jnp.float32),
+    )
+    return {k: jax.ShapeDtypeStruct((batch, n), dt, sharding=rows) for k, n, dt in features}
+
+
+def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
+    """Lower and compile the sharded train step at ``batch`` rows; its memory per device."""
+    mesh = setup.mesh
+    step_fn = functools.partial(
+        training._train_step, setup.train_graphdef, setup.optimizer,
+        num_microbatches=setup.settings.num_microbatches, z_loss=training.Z_LOSS, dropout=False,
+    )  # fmt: skip
+
+    def fn(state: Any, batch_arrays: Any) -> Any:
+        with sharding_lib.activation_sharding(mesh):  # traced here: the model's constraints apply
+            return step_fn(state, batch_arrays)
+
+    scalar = NamedSharding(mesh, PartitionSpec())
+    jitted = jax.jit(
+        fn,
+        in_shardings=(setup.state_shardings, sharding_lib.batch_sharding(mesh)),
+        out_shardings=(setup.state_shardings, scalar),
+        donate_argnums=(0,),
+    )
+    inputs = train_batch(setup, batch)
+    start = time.perf_counter()
+    compiled = _compile(jitted.lower(setup.train_state, inputs))
+    seconds = time.perf_counter() - start
+    state = setup.train_state
+    return {
+        "batch": batch,
+        "compile_s": seconds,
+        "memory": memory(compiled),
+        "arguments_bytes": _argument_bytes(compiled, (state, inputs)),
+        "outputs_bytes": device_bytes(compiled.out_info),
+        "num_outputs": len(jax.tree.leaves(compiled.out_info)),
+        "inputs_bytes": device_bytes(inputs),
+        "params_bytes": device_bytes(state.params),
+        "optimizer_bytes": device_bytes(state.opt_state),
+        "other_state_bytes": device_bytes((state.step, state.rng)),
+    }
+
+
+def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
+    """Lower and compile the greedy decode loop (prefill + ``output_len`` steps) at ``batch`` rows."""
+    mesh, s = setup.mesh, setup.settings
+    replicated = NamedSharding(mesh, PartitionSpec())
+    ids = jax.ShapeDtypeStruct((batch, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(mesh))
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
+    start = time.perf_counter()
+    lowered = decoding._decode_loop.lower(
+        setup.decode_graphdef, setup.decode_params, ids, key, temperature,
+        max_decode_len=s.output_len, eos_id=EOS_ID, greedy=True, top_k=0, top_p=1.0,
+        return_logits=False, mesh=mesh, rules=None,
+    )  # fmt: skip
+    compiled = _compile(lowered)
+    seconds = time.perf_counter() - start
+    cache = compiled.out_info.cache  # the final DecodeState's cache, at the compiler's shardings
+    self_bytes = device_bytes((cache.self_k, cache.self_v))
+    cross_bytes = device_bytes((cache.cross_k, cache.cross_v))
+    layout, replicated_cache = sharding_lib.cache_layout(
+        setup.decode_config, mesh, batch, s.input_len, s.output_len, s.dtype
+    )
+    return {
+        "batch": batch,
+        "compile_s": seconds,
+        "memory": memory(compiled),
+        "arguments_bytes": _argument_bytes(compiled, (setup.decode_params, ids, key, temperature)),
+        "outputs_bytes": device_bytes(compiled.out_info),
+        "num_outputs": len(jax.tree.leaves(compiled.out_info)),
+        "inputs_bytes": device_bytes((ids, key, temperature)),
+        "params_bytes": device_bytes(setup.decode_params),
+        "optimizer_bytes": 0,
+        "other_state_bytes": 0,
+        "cache_compiled": {"self": self_bytes, "cross": cross_bytes, "total": self_bytes + cross_bytes},
+        "cache_compiled_specs": {
+            "self": str(cache.self_k[0].sharding.spec),
+            "cross": str(cache.cross_k[0].sharding.spec),
+        },
+        "cache_formula": {
+            **{k: layout[k]["bytes_per_device"] for k in ("self", "cross")},
+            "total": layout["self"]["bytes_per_device"] + layout["cross"]["bytes_per_device"],
+        },
+        "cache_layout": {
+            k: {"spec": str(v["spec"]), "total_bytes": v["total_bytes"], "shards": v["shards"]}
+            for k, v in layout.items()
+        },
+        "cache_replicated": [dataclasses.asdict(r) for r in replicated_cache],
+        "cache_report": sharding_lib.replication_report(replicated_cache) if replicated_cache else "",
+    }
+
+
+COMPILERS: dict[str, Callable[[_Setup, int], dict[str, Any]]] = {
+    "train": compile_train,
+    "decode": compile_decode,
+}
+
+
+# ------------------------------------------------------------------------------- batch search
+def _fit(points: dict[int, int], a: int, b: int) -> tuple[float, float]:
+    """The line ``total = fixed + per_row * batch`` through the compiled totals at ``a`` and ``b``."""
+    per_row = (points[b] - points[a]) / (b - a)
+    return points[a] - per_row * a, per_row
+
+
+def _predict(fixed: float, per_row: float, limit: float, step: int) -> int:
+    """The largest multiple of ``step`` whose predicted total is within ``limit`` (0: none)."""
+    if per_row <= 0:
+        raise ValueError(f"memory does not grow with the batch (per row {per_row:.0f} bytes): cannot search")
+    return max(0, int((limit - fixed) // per_row) // step * step)
+
+
+def search_batch(
+    measure: Callable[[int], int], batch: int, step: int, limit: int, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The largest multiple of ``step`` whose compiled total (``measure(batch)``) is <= ``limit``.
+
+    Fit the line through the totals at ``batch`` and at the smallest batch ``step`` (twice it when
+    ``batch`` is the smallest): when nothing larger fits, that compile is also the verification.
+    Predict, then verify by measuring the prediction and the next multiple. When they disagree
+    with the prediction, refit between the measured batches either side of the limit (at most
+    ``MAX_REFITS`` times)."""
+    points: dict[int, int] = {}
+
+    def at(b: int) -> int:
+        if b not in points:
+            points[b] = measure(b)
+        return points[b]
+
+    second = step if batch > step else 2 * step
+    at(batch), at(second)
+    fixed, per_row = _fit(points, min(batch, second), max(batch, second))
+    fit_points = sorted((batch, second))
+    how = [f"line through the compiled totals at batch {fit_points[0]} and {fit_points[1]}"]
+    best = None
+    for round_ in range(MAX_REFITS + 1):
+        guess = _predict(fixed, per_row, limit, step)
+        log(
+            f"  predicted largest batch {guess} (fixed {fixed / GIB:.2f} GiB + "
+            f"{per_row / 2**20:.2f} MiB per row)"
+        )
+        if guess < step:  # nothing fits: confirm at the smallest batch
+            if at(step) > limit:
+                best = 0
+                how.append(f"verified: the smallest batch {step} does not fit")
+                break
+            guess = step
+        at(guess), at(guess + step)
+        below = [b for b in points if points[b] <= limit]
+        above = [b for b in points if points[b] > limit]
+        if below and above and min(above) - max(below) == step:
+            best = max(below)
+            how.append(f"verified by compiling batch {best} (fits) and {best + step} (does not)")
+            break
+        if round_ == MAX_REFITS:
+            break
+        # refit: interpolate between the measured batches either side of the limit, or, when all
+        # measured batches are on one side, extrapolate on the widest baseline
+        a, b = (max(below), min(above)) if below and above else (min(points), max(points))
+        fixed, per_row = _fit(points, a, b)
+        how.append(f"refit through batch {a} and {b}")
+    if best is None:
+        below = [b for b in points if points[b] <= limit]
+        best = max(below) if below else 0
+        how.append(f"not converged after {MAX_REFITS} refits: the largest compiled batch that fits is given")
+    return {
+        "largest_batch": best,
+        "fixed_bytes": fixed,
+        "per_row_bytes": per_row,
+        "compiled_totals": dict(sorted(points.items())),
+        "how": "; ".join(how),
+        "step": step,
+    }
+
+
+# ------------------------------------------------------------------------------- the plan
+def plan(settings: PlanSettings, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Compile the programs on abstract shapes and collect their per-device memory."""
+    start = time.perf_counter()
+    s = settings
+    setup = _setup(s)
+    limit = int(s.hbm_gib * GIB)
+    log(
+        f"set up {s.preset} K={setup.train_config.num_kv_heads} on mesh {s.mesh} "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
+    results: dict[str, Any] = {}
+    for program in s.programs:
+        cache: dict[int, dict[str, Any]] = {}
+
+        def measure(batch: int, program: str = program, cache: dict = cache) -> int:
+            if batch not in cache:
+                log(f"compiling the {program} program at batch {batch} ...")
+                cache[batch] = COMPILERS[program](setup, batch)
+                m = cache[batch]["memory"]
+                log(f"  {cache[batch]['compile_s']:.1f} s; total {m['total'] / GIB:.2f} GiB per device")
+            return cache[batch]["memory"]["total"]
+
+        measure(s.batch)
+        row = dict(cache[s.batch])
+        row["fits"] = row["memory"]["total"] <= limit
+        if program in s.batch_search:
+            step = _step(setup, program)
+            search = search_batch(measure, s.batch, step, limit, log)
+            search["compiled_totals"] = {str(k): v for k, v in search["compiled_totals"].items()}
+            row["largest_batch"] = search
+        row["compiles"] = [
+            {"batch": b, "compile_s": r["compile_s"], "total": r["memory"]["total"]}
+            for b, r in sorted(cache.items())
+        ]
+        results[program] = row
+    return {
+        "settings": dataclasses.asdict(s),
+        "config": setup.train_config.to_dict(),
+        "mesh": {"data": setup.data, "model": setup.mesh.shape["model"]},
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+        "hbm_bytes": limit,
+        "replication": {
+            "params": [dataclasses.asdict(r) for r in setup.param_replicated],
+            "params_report": sharding_lib.replication_report(setup.param_replicated),
+        },
+        "programs": results,
+        "checks": checks(results),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def _step(setup: _Setup, program: str) -> int:
+    """Batch granularity: rows split over ``data`` (and into micro-batches for training)."""
+    return setup.data * (setup.settings.num_microbatches if program == "train" else 1)
+
+
+def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Consistency checks, bytes per device: what the shardings and the cache formula give vs the
+    compiled executable (``memory_analysis`` and its output shardings)."""
+    out = []
+
+    def check(program: str, what: str, expected: int, compiled: int, ok: bool | None = None) -> None:
+        ok = expected == compiled if ok is None else ok
+        out.append({"program": program, "what": what, "expected": expected, "compiled": compiled, "ok": ok})
+
+    for program, r in results.items():
+        args, m = r["arguments_bytes"], r["memory"]
+        parts = r["params_bytes"] + r["optimizer_bytes"] + r["other_state_bytes"] + r["inputs_bytes"]
+        unused = args["all"] - args["kept"]
+        dropped = f", less {unused:,} bytes of unused arguments jit dropped" if unused else ""
+        what = f"arguments: params + optimizer state + step, rng + inputs, from the shardings{dropped}"
+        ok = parts == args["all"] and args["kept"] == m["argument"]
+        check(program, what + " = compiled argument size", parts - unused, m["argument"], ok)
+        table = m["output"] - r["outputs_bytes"]  # XLA:CPU counts the output tuple's index table too
+        pointers = table == 8 * r["num_outputs"]
+        index = (
+            f" + the output tuple's index table (8 bytes x {r['num_outputs']} outputs)" if pointers else ""
+        )
+        what = f"outputs: from the compiled output shardings{index} = compiled output size"
+        check(
+            program,
+            what,
+            r["outputs_bytes"] + (table if pointers else 0),
+            m["output"],
+            table == 0 or pointers,
+        )
+        if program == "decode":
+            for kind in ("self", "cross"):
+                what = (
+                    f"KV cache {kind}: formula / shards (a replicated K/V-head axis not divided) "
+                    "= the compiled output's cache arrays"
+                )
+                check(program, what, r["cache_formula"][kind], r["cache_compiled"][kind])
+    return out
+
+
+# ------------------------------------------------------------------------------- the report
+def _unit(largest: float) -> tuple[str, int]:
+    """One binary unit for a whole table: the largest that keeps its biggest number >= 1."""
+    for name, power in (("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if largest >= 1024**power:
+            return name, 1024**power
+    return "bytes", 1
+
+
+def _label(program: str) -> str:
+    return "train step" if program == "train" else "decode (greedy)"
+
+
+def report(res: dict[str, Any]) -> str:
+    """Markdown: the per-device table, the largest batches, the K/V-head layout, the checks."""
+    from gqa_jax.info import attention_name, human_bytes
+
+    s, cfg, progs = res["settings"], res["config"], res["programs"]
+    N, K = cfg["num_heads"], cfg["num_kv_heads"]
+    unit, scale = _unit(max(r["memory"]["total"] for r in progs.values()))
+
+    def u(n: float) -> str:
+        return f"{n / scale:.2f}"
+
+    micro = f", {s['num_microbatches']} micro-batches" if s["num_microbatches"] > 1 else ""
+    lines = [
+        f"# Memory plan: {s['preset']} {attention_name(K, N)} (K = {K}, N = {N}), mesh {s['mesh']} "
+        f"(data {res['mesh']['data']} x model {res['mesh']['model']}), batch {s['batch']}, "
+        f"input {s['input_len']}, output {s['output_len']}",
+        "",
+        f"Per device, {unit}. Activations {s['dtype']}; train params and Adafactor state {s['param_dtype']}"
+        f"{micro}; decode params "
+        f"and KV cache {s['dtype']}. Compiled ahead of time for the {res['backend']} backend "
+        f"({res['device_kind']}); fits = total <= {s['hbm_gib']:g} GiB.",
+        "",
+        "| program | batch | params | optimizer state | KV cache (formula) | KV cache (compiled) | inputs "
+        "| temporaries | outputs - aliased | total | fits? |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for program, r in progs.items():
+        m = r["memory"]
+        decode = program == "decode"
+        lines.append(
+            f"| {_label(program)} | {r['batch']} | {u(r['params_bytes'])} | "
+            f"{'-' if decode else u(r['optimizer_bytes'])} | "
+            f"{u(r['cache_formula']['total']) if decode else '-'} | "
+            f"{u(r['cache_compiled']['total']) if decode else '-'} | {u(r['inputs_bytes'])} | "
+            f"{u(m['temp'])} | "
+            f"{u(m['output'] - m['alias'])} | {u(m['total'])} | {'yes' if r['fits'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        "total = argument (params + optimizer state + inputs) + output - aliased (the donated train state) "
+        "+ temporaries + generated code, from `compiled.memory_analysis()` of one device. The KV cache "
+        "is part of the decode loop's outputs (its final state), so the columns do not add up to the total.",
+    ]
+    searched = {p: r["largest_batch"] for p, r in progs.items() if "largest_batch" in r}
+    if searched:
+        lines += [
+            "",
+            f"## Largest batch that fits {s['hbm_gib']:g} GiB per device",
+            "",
+            "| program | largest batch | its total | next batch: total | line: fixed + per row | how |",
+            "|---|---|---|---|---|---|",
+        ]
+        for program, sr in searched.items():
+            totals = {int(k): v for k, v in sr["compiled_totals"].items()}
+            b, step = sr["largest_batch"], sr["step"]
+            nxt = b + step if b else step
+            fit = (
+                f"{human_bytes(max(0, round(sr['fixed_bytes'])))} + {human_bytes(round(sr['per_row_bytes']))}"
+            )
+            lines.append(
+                f"| {_label(program)} | {b or 'none'} | {human_bytes(totals[b]) if b in totals else '-'} | "
+                f"{f'{nxt}: {human_bytes(totals[nxt])}' if nxt in totals else '-'} | {fit} | {sr['how']} |"
+            )
+        if "train" in searched and searched["train"]["largest_batch"] < s["batch"]:
+            lines += [
+                "",
+                "The train step does not fit at the requested batch: `--num-microbatches M` accumulates "
+                "gradients over M slices of the batch (the same update), so only one slice's activations "
+                "are live; params, optimizer state and gradients stay.",
+            ]
+    lines += ["", "## K/V heads on the mesh", ""]
+    lines.append(f"- parameters: {res['replication']['params_report']}".replace("\n", "\n- parameters: "))
+    if "decode" in progs:
+        d = progs["decode"]
+        for kind in ("self", "cross"):
+            lay = d["cache_layout"][kind]
+            lines.append(
+                f"- KV cache {kind}: {human_bytes(lay['total_bytes'])} in all, spec {lay['spec']}, "
+                f"{lay['shards']} shard(s): {human_bytes(d['cache_formula'][kind])} per device by the "
+                "formula; "
+                f"compiled: spec {d['cache_compiled_specs'][kind]}, {human_bytes(d['cache_compiled'][kind])}"
+            )
+        lines.append(f"- KV cache: {d['cache_report'] or 'no replication: the K/V heads split over model'}")
+    lines += ["", "## Checks (bytes per device)", "", "| program | check | expected | compiled | ok |"]
+    lines.append("|---|---|---|---|---|")
+    for c in res["checks"]:
+        ok = "yes" if c["ok"] else "NO"
+        lines.append(f"| {c['program']} | {c['what']} | {c['expected']:,} | {c['compiled']:,} | {ok} |")
+    compiles = [(p, c) for p, r in progs.items() for c in r["compiles"]]
+    lines += [
+        "",
+        "Compiled: "
+        + ", ".join(f"{p} at batch {c['batch']} ({c['compile_s']:.0f} s)" for p, c in compiles)
+        + f"; wall {res['wall_s']:.0f} s.",
+    ]
+    return "\n".join(lines)

@@ -20,3 +20,25 @@ def small_vocab(tmp_path_factory):
     lines += ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 :-_"] * 3
     out = tmp_path_factory.mktemp("vocab") / "spm.model"
     return train_vocab(lines, size=300, out=out)
+
+
+# The few tests that run subprocesses or whole training runs take minutes each; starting them
+# first lets the two xdist workers share them instead of ending on one long tail.
+SLOW_FIRST = (
+    "test_resume.py",
+    "test_multihost.py",
+    "test_sharding.py::test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh",
+    "test_main.py",
+    "test_training.py",
+    "test_plan.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        for i, name in enumerate(SLOW_FIRST):
+            if item.nodeid.split("/")[-1].startswith(name):
+                return i
+        return len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order

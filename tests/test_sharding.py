@@ -16,10 +16,11 @@ from gqa_jax import sharding
 HERE = Path(__file__).resolve().parent
 
 
-# Each mesh once, each K in {1, 2, 8} at least once, sharded and replicated K/V heads both covered.
+# Each K in {1, 2, 8} once, sharded and replicated K/V heads both covered (8x1 is plain data
+# parallelism, covered by the full matrix below).
 # The whole 4 x 3 matrix: XLA_FLAGS=--xla_force_host_platform_device_count=8 python
 # tests/sharded_equivalence.py 1x8:1 1x8:2 1x8:8 2x4:1 2x4:2 2x4:8 4x2:1 4x2:2 4x2:8 8x1:1 8x1:2 8x1:8
-CASES = ("1x8:1", "2x4:2", "4x2:8", "8x1:2")
+CASES = ("1x8:1", "2x4:2", "4x2:8")
 
 
 def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():

@@ -1,6 +1,6 @@
 """Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (by tests/test_sharding.py):
 for each (mesh, K): sharded init, a train step, greedy decoding and beam search vs one device;
-prints one JSON line per case."""
+prints one JSON line per case. Cases are MESH:K, or MESH:K:nobeam to skip beam search."""
 
 import json
 import sys
@@ -25,7 +25,7 @@ def max_diff(a, b):
 def main(cases):
     assert jax.device_count() == 8, jax.devices()
     one_device = jax.devices()[:1]
-    for mesh_text, k in cases:
+    for mesh_text, k, beam in cases:
         cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
         opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
         batch = synthetic_batch(cfg, 8, 8, 4, seed=1)
@@ -42,7 +42,7 @@ def main(cases):
                 state, batch
             )
             one_greedy = decoding.greedy_decode(model, ids, 10)
-            one_beam = decoding.beam_search(model, ids, 6, beam_size=2)
+            one_beam = decoding.beam_search(model, ids, 6, beam_size=2) if beam else None
 
         mesh = sharding.make_mesh(mesh_text)
         placed, shardings, graphdef_s, replicated = sharding.init_sharded_state(cfg, opt, mesh, seed=0)
@@ -53,7 +53,9 @@ def main(cases):
         )
         params = placed.params  # the decode runs on the sharded initial params
         greedy = decoding.greedy_decode((graphdef_s, params), ids, 10, mesh=mesh, return_cache=True)
-        beam = decoding.beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh)
+        beam_out = (
+            decoding.beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
+        )
         step = sharding.make_sharded_train_step(graphdef_s, opt, mesh, shardings)
         new, m = step(placed, batch)
         key = new.params["decoder"]["layers"][0]["self_attn"]["key"]
@@ -66,8 +68,8 @@ def main(cases):
             "replicated_kv": kv, "report": sharding.replication_report(replicated),
             "greedy_equal": bool(np.array_equal(one_greedy.tokens, greedy.tokens)),
             "greedy_lengths_equal": bool(np.array_equal(one_greedy.lengths, greedy.lengths)),
-            "beam_equal": bool(np.array_equal(one_beam.tokens, beam.tokens)),
-            "beam_score_diff": max_diff(one_beam.scores, beam.scores),
+            "beam_equal": bool(np.array_equal(one_beam.tokens, beam_out.tokens)) if beam else None,
+            "beam_score_diff": max_diff(one_beam.scores, beam_out.scores) if beam else None,
             "cache_self_spec": [str(a) for a in greedy.cache.self_k[0].sharding.spec],
             "cache_cross_spec": [str(a) for a in greedy.cache.cross_k[0].sharding.spec],
             "cache_report": sharding.replication_report(cache_replicated) if cache_replicated else "",
@@ -75,4 +77,5 @@ def main(cases):
 
 
 if __name__ == "__main__":
-    main([(m, int(k)) for m, k in (c.split(":") for c in sys.argv[1:])])
+    parts = [c.split(":") for c in sys.argv[1:]]
+    main([(p[0], int(p[1]), p[2:] != ["nobeam"]) for p in parts])

@@ -16,11 +16,11 @@ from gqa_jax import sharding
 HERE = Path(__file__).resolve().parent
 
 
-# Each K in {1, 2, 8} once, sharded and replicated K/V heads both covered (8x1 is plain data
-# parallelism, covered by the full matrix below).
-# The whole 4 x 3 matrix: XLA_FLAGS=--xla_force_host_platform_device_count=8 python
+# Replicated (MQA on 8-way model) and sharded K/V heads with rows split too; the full matrix
+# (every mesh and K in {1, 2, 8}) takes ~10 minutes here, so it is a script:
+# XLA_FLAGS=--xla_force_host_platform_device_count=8 python
 # tests/sharded_equivalence.py 1x8:1 1x8:2 1x8:8 2x4:1 2x4:2 2x4:8 4x2:1 4x2:2 4x2:8 8x1:1 8x1:2 8x1:8
-CASES = ("1x8:1", "2x4:2", "4x2:8")
+CASES = ("1x8:1", "4x2:8:nobeam")
 
 
 def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
@@ -40,8 +40,9 @@ def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
         assert r["init_diff"] < 1e-6 and r["init_specs_ok"], r
         assert r["loss_sharded"] == pytest.approx(r["loss_one"], abs=1e-5), r
         assert r["max_param_diff"] < 1e-5, r
-        assert r["greedy_equal"] and r["greedy_lengths_equal"] and r["beam_equal"], r
-        assert r["beam_score_diff"] < 1e-5, r
+        assert r["greedy_equal"] and r["greedy_lengths_equal"], r
+        if r["beam_equal"] is not None:
+            assert r["beam_equal"] and r["beam_score_diff"] < 1e-5, r
         shards_kv = model > 1 and r["k"] % model == 0
         assert (r["key_spec"][1:2] == ["model"]) == shards_kv, r  # decoder self-attention K/V heads
         # the cache [B, K, T, H]: rows over data, K/V heads over model exactly when K % model == 0

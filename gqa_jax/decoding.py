@@ -94,7 +94,7 @@ def _place(
     sharding_lib.check_rules(rules, mesh)
     sharding_lib.check_batch({"encoder_input_ids": ids}, mesh)
     params = sharding_lib.shard_params(params, mesh, rules)
-    layout, replicated = sharding_lib.cache_layout(
+    _, replicated = sharding_lib.cache_layout(
         config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, config.dtype, rules
     )
     if replicated:  # the paper's section 2.2 waste, stated once per shape
@@ -111,55 +111,35 @@ def validate_inputs(
     config, encoder_input_ids: Any, max_decode_len: int, *, max_input_len: int | None, truncate: bool
 ) -> Array:
     """Check decoding inputs on the host; returns the (possibly truncated) ids as int32.
-    A global array spread over several processes is checked shard by shard."""
-    if isinstance(encoder_input_ids, jax.Array) and not encoder_input_ids.is_fully_addressable:
-        return _validate_global(config, encoder_input_ids, max_decode_len, max_input_len, truncate)
-    ids = np.asarray(encoder_input_ids)
+    A global array spread over several processes is checked on this process's rows, and is
+    never truncated here (cut the rows before building it)."""
+    ids = encoder_input_ids
+    spread = isinstance(ids, jax.Array) and not ids.is_fully_addressable
+    if not spread:
+        ids = np.asarray(ids)
     if ids.ndim != 2:
         raise ValueError(f"encoder_input_ids must be [batch, length]; got shape {ids.shape}")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ValueError(f"empty input: encoder_input_ids has shape {ids.shape}")
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"encoder_input_ids must be integer token ids; got dtype {ids.dtype}")
-    if ids.min() < 0 or ids.max() >= config.vocab_size:
-        raise ValueError(
-            f"encoder_input_ids has ids outside the vocabulary [0, {config.vocab_size}): "
-            f"min {ids.min()}, max {ids.max()}"
-        )
-    if not isinstance(max_decode_len, int | np.integer) or max_decode_len < 1:
-        raise ValueError(f"max_decode_len={max_decode_len!r} must be an integer >= 1")
-    if max_input_len is not None and ids.shape[1] > max_input_len:
-        if not truncate:
-            raise ValueError(
-                f"inputs of length {ids.shape[1]} exceed max_input_len={max_input_len}; "
-                "shorten them or pass truncate=True to cut them explicitly"
-            )
-        ids = ids[:, :max_input_len]
-    return jnp.asarray(ids, jnp.int32)
-
-
-def _validate_global(
-    config, ids: Array, max_decode_len: int, max_input_len: int | None, truncate: bool
-) -> Array:
-    if ids.ndim != 2 or 0 in ids.shape:
-        raise ValueError(f"encoder_input_ids must be a non-empty [batch, length]; got shape {ids.shape}")
-    if not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise ValueError(f"encoder_input_ids must be integer token ids; got dtype {ids.dtype}")
-    for shard in ids.addressable_shards:
-        local = np.asarray(shard.data)
-        if local.size and (local.min() < 0 or local.max() >= config.vocab_size):
+    for rows in [np.asarray(s.data) for s in ids.addressable_shards] if spread else [ids]:
+        if rows.size and (rows.min() < 0 or rows.max() >= config.vocab_size):
             raise ValueError(
                 f"encoder_input_ids has ids outside the vocabulary [0, {config.vocab_size}): "
-                f"min {local.min()}, max {local.max()} in this process's rows"
+                f"min {rows.min()}, max {rows.max()}"
             )
     if not isinstance(max_decode_len, int | np.integer) or max_decode_len < 1:
         raise ValueError(f"max_decode_len={max_decode_len!r} must be an integer >= 1")
     if max_input_len is not None and ids.shape[1] > max_input_len:
-        raise ValueError(
-            f"inputs of length {ids.shape[1]} exceed max_input_len={max_input_len}; a global array "
-            "spread over processes is not truncated here: cut the rows before building it"
-        )
-    return ids.astype(jnp.int32)
+        if not truncate or spread:
+            raise ValueError(
+                f"inputs of length {ids.shape[1]} exceed max_input_len={max_input_len}; "
+                "shorten them or pass truncate=True to cut them explicitly (not for an array "
+                "spread over processes: cut its rows before building it)"
+            )
+        ids = ids[:, :max_input_len]
+    return ids.astype(jnp.int32) if spread else jnp.asarray(ids, jnp.int32)
 
 
 def prefill(model: T5, encoder_input_ids: Array, max_decode_len: int) -> kvcache.KVCache:

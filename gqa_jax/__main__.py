@@ -534,8 +534,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
     parser = _Parser(prog=PROG, description="Grouped-query attention for T5.1.1 in JAX / Flax NNX.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (help_text, add_args, _) in COMMANDS.items():
-        add_args(sub.add_parser(name, help=help_text, description=help_text))
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if chosen == name or chosen not in COMMANDS:  # only the command run imports its modules
+            add_args(command)
     try:
         args, extra = parser.parse_known_args(argv)
         if extra and args.command == "train" and all(e.startswith("--config.") and "=" in e for e in extra):

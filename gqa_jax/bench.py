@@ -52,6 +52,7 @@ from gqa_jax.model import T5
 
 NEVER_EOS = -1  # no token id equals it: decoding never stops early
 _BIG_MATRIX = 16 * 2**20  # a bandwidth probe must not fit in the CPU caches (bytes)
+_BIG_MATRIX_ACCELERATOR = 256 * 2**20  # nor in a GPU's L2 (60 MB on an H200) or a TPU's VMEM
 _PROJECTIONS = ("query", "key", "value", "out", "wi_0", "wi_1", "wo")  # [in, out]-style matrices
 
 
@@ -148,14 +149,23 @@ def parse_lengths(text: str) -> list[int]:
 Split = tuple[Any, Any]  # nnx.split(model): (graphdef, params)
 
 
-def build_models(config: ModelConfig, kv_heads: list[int], seed: int) -> dict[int, tuple[ModelConfig, T5]]:
-    """The random MHA model and its ``mean`` conversions to each K (``{K: (config, model)}``)."""
+def build_models(
+    config: ModelConfig, kv_heads: list[int], seed: int, log: Callable[[str], None] = lambda _: None
+) -> dict[int, tuple[ModelConfig, T5]]:
+    """The random MHA model and its ``mean`` conversions to each K (``{K: (config, model)}``);
+    ``log`` hears how long each took."""
+    start = time.perf_counter()
     mha = T5(config, rngs=nnx.Rngs(seed))
+    jax.block_until_ready(nnx.state(mha))
+    log(f"random MHA model: {time.perf_counter() - start:.1f} s")
     models = {config.num_heads: (config, mha)}
     for k in kv_heads:
         if k != config.num_heads:
+            start = time.perf_counter()
             params, k_config, _ = convert.to_grouped(mha, config, k, "mean")
             models[k] = (k_config, convert.to_model(params, k_config))
+            jax.block_until_ready(nnx.state(models[k][1]))
+            log(f"mean conversion to K = {k}: {time.perf_counter() - start:.1f} s")
     return models
 
 
@@ -274,9 +284,29 @@ def bench_uncached(
 
 
 # ---------------------------------------------------------------------------------- the floor
-def measure_read_bandwidth(batch: int, shapes: list[tuple[int, int]], dtype: Any, runs: int) -> dict:
+def on_accelerator() -> bool:
+    """True when JAX runs on a GPU or TPU (the probes grow, HF follows onto the GPU)."""
+    return jax.default_backend() != "cpu"
+
+
+def probe_sizes(d_model: int, vocab: int) -> dict[str, Any]:
+    """Bandwidth probe shapes, the least bytes a probe must have to count, and the matmul size:
+    the output layer's [D, V] and a 4096^2 matrix; on an accelerator also a 16384^2 one (the
+    others fit in an H200's 60 MB L2) and an 8192^3 matmul (2048^3 is over in microseconds)."""
+    if on_accelerator():
+        return {
+            "shapes": [(d_model, vocab), (4096, 4096), (16384, 16384)],
+            "big": _BIG_MATRIX_ACCELERATOR,
+            "n": 8192,
+        }
+    return {"shapes": [(d_model, vocab), (4096, 4096)], "big": _BIG_MATRIX, "n": 2048}
+
+
+def measure_read_bandwidth(
+    batch: int, shapes: list[tuple[int, int]], dtype: Any, runs: int, big: int = _BIG_MATRIX
+) -> dict:
     """``[B, D] x [D, V]`` products: GB/s = matrix bytes / median time, per shape; the reference is
-    the fastest among matrices of at least 16 MiB (a smaller one would measure the caches)."""
+    the fastest among matrices of at least ``big`` bytes (a smaller one would measure the caches)."""
     matvec = jax.jit(lambda x, w: x @ w)
     results = []
     for d, v in shapes:
@@ -288,8 +318,8 @@ def measure_read_bandwidth(batch: int, shapes: list[tuple[int, int]], dtype: Any
             {"shape": [batch, d, v], "bytes": nbytes, "median_s": timing["median_s"]}
             | {"gb_s": nbytes / timing["median_s"] / 1e9}
         )
-    big = [r for r in results if r["bytes"] >= _BIG_MATRIX] or results
-    return {"probes": results, "reference": max(big, key=lambda r: r["gb_s"])}
+    counted = [r for r in results if r["bytes"] >= big] or results
+    return {"probes": results, "reference": max(counted, key=lambda r: r["gb_s"]), "big_bytes": big}
 
 
 def measure_matmul_rate(n: int, dtype: Any, runs: int) -> dict[str, Any]:
@@ -377,18 +407,30 @@ def floor_row(
 
 
 # ------------------------------------------------------------------------------ HuggingFace
-def hf_unavailable() -> str | None:
-    """None if transformers and torch import, else the reason."""
+def hf_unavailable(dtype: str = "float32") -> str | None:
+    """None if HF can run beside us at ``dtype`` (on our device kind), else the reason."""
     try:
-        import torch  # noqa: F401
+        import torch
         import transformers  # noqa: F401
     except ImportError:
         return "skipped: transformers/torch not installed"
+    if on_accelerator() and not torch.cuda.is_available():
+        return f"skipped: JAX runs on {jax.default_backend()} but torch sees no CUDA device"
+    if hf_device() == "cpu" and dtype != "float32":
+        return f"skipped: on the CPU the HF comparison runs at float32 only (--dtype {dtype})"
     return None
 
 
-def to_hf(model: T5, config: ModelConfig):
-    """A ``transformers.T5ForConditionalGeneration`` holding ``model``'s (MHA) weights.
+def hf_device() -> str:
+    """Where HF runs: the GPU when JAX runs on one (and torch sees it), else the CPU."""
+    import torch
+
+    return "cuda" if on_accelerator() and torch.cuda.is_available() else "cpu"
+
+
+def to_hf(model: T5, config: ModelConfig, device: str = "cpu", dtype: str = "float32"):
+    """A ``transformers.T5ForConditionalGeneration`` holding ``model``'s (MHA) weights, on
+    ``device`` at ``dtype``.
 
     The import table of ``checkpoints/hf.py`` read backwards: ours ``[D, N, H]`` -> HF
     ``[N*H, D]``, ``[N, H, D]`` -> ``[D, N*H]``, ``[D, F]`` -> ``[F, D]``; the rest as is.
@@ -445,35 +487,41 @@ def to_hf(model: T5, config: ModelConfig):
     left = [n for n, t in [*hf.named_parameters(), *hf.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"to_hf: parameters not assigned: {left}")
-    return hf.eval()
+    return hf.to(device=device, dtype=getattr(torch, dtype)).eval()
 
 
-def hf_parity(hf, model: T5, config: ModelConfig, seed: int) -> float:
-    """Max |logits difference| of HF vs ours on a small batch (2 x 16 inputs, 8 decoder tokens)."""
+def hf_parity(hf, model: T5, config: ModelConfig, seed: int) -> tuple[float, float]:
+    """Max |logits difference| of HF vs ours on a small batch (2 x 16 inputs, 8 decoder tokens),
+    and the largest |logit| (the scale a low-precision difference is judged against)."""
     import torch
 
     rng = np.random.default_rng(seed + 1)
     enc = rng.integers(2, config.vocab_size, size=(2, 16))
     dec = rng.integers(2, config.vocab_size, size=(2, 8))
     dec[:, 0] = 0
+    device = next(hf.parameters()).device
     with torch.inference_mode():
-        ref = hf(input_ids=torch.tensor(enc), decoder_input_ids=torch.tensor(dec)).logits.numpy()
+        logits = hf(
+            input_ids=torch.tensor(enc, device=device), decoder_input_ids=torch.tensor(dec, device=device)
+        )
+        ref = logits.logits.float().cpu().numpy()
     graphdef, params = nnx.split(model)
     forward = jax.jit(lambda p, e, d: nnx.merge(graphdef, p)(e, d))  # eager would compile op by op
-    ours = np.asarray(forward(params, jnp.asarray(enc), jnp.asarray(dec)))
-    return float(np.abs(ours - ref).max())
+    ours = np.asarray(forward(params, jnp.asarray(enc), jnp.asarray(dec)), np.float32)
+    return float(np.abs(ours - ref).max()), float(np.abs(ref).max())
 
 
 def bench_hf(hf, ids: np.ndarray, T: int, runs: int) -> dict[str, Any]:
     """HF ``generate``: greedy, KV cache on, exactly T new tokens; first call excluded."""
     import torch
 
-    input_ids = torch.tensor(ids)
+    device = next(hf.parameters()).device
+    input_ids = torch.tensor(ids, device=device)
     mask = input_ids != 0
 
     def generate():
         with torch.inference_mode():
-            return hf.generate(
+            out = hf.generate(
                 input_ids=input_ids,
                 attention_mask=mask,
                 max_new_tokens=T,
@@ -483,11 +531,19 @@ def bench_hf(hf, ids: np.ndarray, T: int, runs: int) -> dict[str, Any]:
                 use_cache=True,
                 decoder_start_token_id=0,
             )
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # block_until_ready for torch
+        return out
 
     timing, out = measure(generate, runs)
     if out.shape != (ids.shape[0], T + 1):  # the start token, then T new tokens
         raise RuntimeError(f"HF generate returned shape {tuple(out.shape)}, expected {(ids.shape[0], T + 1)}")
-    return {**timing, "tokens": out[:, 1:].numpy(), "torch_threads": torch.get_num_threads()}
+    return {
+        **timing,
+        "tokens": out[:, 1:].cpu().numpy(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+    }
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -521,9 +577,7 @@ def run_decode_bench(
     ks = parse_kv_heads(kv_heads, N)
     lengths = parse_lengths(lengths) if isinstance(lengths, str) else sorted(set(lengths))
     hf_skip = None if hf else "skipped: --no-hf"
-    hf_skip = hf_skip or hf_unavailable()
-    if hf_skip is None and dtype != "float32":
-        hf_skip = f"skipped: the HF comparison runs at float32 only (--dtype {dtype})"
+    hf_skip = hf_skip or hf_unavailable(dtype)
     res: dict[str, Any] = {
         "machine": machine_info(),
         "settings": {
@@ -546,22 +600,28 @@ def run_decode_bench(
     ids = np.random.default_rng(seed).integers(2, config.vocab_size, size=(B, S)).astype(np.int32)
 
     log(f"building the random MHA {preset_name} model and its conversions to K = {ks} ...")
-    models = build_models(config, ks, seed)
+    models = build_models(config, ks, seed, log)
     splits = {k: nnx.split(m) for k, (_, m) in models.items()}
 
     hf_model = None
     if hf_skip is None:
         log("exporting the MHA weights to HuggingFace T5 and checking parity ...")
-        hf_model = to_hf(models[N][1], config)
-        diff = hf_parity(hf_model, models[N][1], config, seed)
+        hf_model = to_hf(models[N][1], config, hf_device(), dtype)
+        diff, scale = hf_parity(hf_model, models[N][1], config, seed)
         res["hf_parity_max_abs_diff"] = diff
-        if not diff < 1e-3:
-            raise RuntimeError(f"HF logits differ from ours by {diff:.3g} (>= 1e-3): not the same weights")
+        # float32 agrees to 1e-3; bfloat16 / float16 round every activation, so judge the
+        # difference against the logits' scale (8 bits of mantissa: a few percent; 10% allowed)
+        limit = 1e-3 if dtype == "float32" else 0.1 * scale
+        if not diff < limit:
+            raise RuntimeError(
+                f"HF logits differ from ours by {diff:.3g} (>= {limit:.3g}): not the same weights"
+            )
 
     log("measuring read bandwidth and matmul rate ...")
     D, V = config.d_model, config.vocab_size
-    bandwidth = measure_read_bandwidth(B, [(D, V), (4096, 4096)], dtype, max(runs, 10))
-    matmul = measure_matmul_rate(2048, dtype, runs)
+    probes = probe_sizes(D, V)
+    bandwidth = measure_read_bandwidth(B, probes["shapes"], dtype, max(runs, 10), probes["big"])
+    matmul = measure_matmul_rate(probes["n"], dtype, runs)
     res["floor"] = {"bandwidth": bandwidth, "matmul": matmul, "rows": {}}
 
     res["table_b"] = {}
@@ -586,6 +646,11 @@ def run_decode_bench(
             "step_fused_s": (fused["median_s"] - stepped["prefill_s"]) / T,
         }
         res["table_b"][k] = row
+        log(
+            f"b. {name}: {fused['median_s']:.4g} s end to end ({row['tokens_per_s']:.1f} tokens/s, compile "
+            f"{fused['compile_s']:.1f} s), TTFT {row['ttft_s'] * 1e3:.2f} ms, step p50 "
+            f"{stepped['step_p50_s'] * 1e3:.3f} ms, cache {stepped['cache_bytes']['total']:,} bytes"
+        )
         if k == N:
             mha_tokens = fused["tokens"]
         fl = floor_row(
@@ -619,6 +684,10 @@ def run_decode_bench(
             cached = {key: v for key, v in bench_fused(splits[N], ids, L, runs_a).items() if key != "tokens"}
         u = uncached[L]
         measured = "median_s" in u
+        log(
+            f"a. {L} new tokens: cached {cached['median_s']:.4g} s, uncached "
+            + (f"{u['median_s']:.4g} s" if measured else f"not run (estimate {u['estimate_s']:.3g} s)")
+        )
         res["table_a"][L] = {
             "cached": cached,
             "cached_tokens_per_s": B * L / cached["median_s"],
@@ -631,6 +700,7 @@ def run_decode_bench(
     if hf_model is not None:
         log(f"d. HuggingFace generate ({runs} runs) ...")
         h = bench_hf(hf_model, ids, T, runs)
+        log(f"d. HF generate: {h['median_s']:.4g} s end to end on {h['device']}")
         res["hf"] = {key: v for key, v in h.items() if key != "tokens"}
         res["hf"]["token_agreement_with_ours_mha"] = float((h["tokens"] == mha_tokens).mean())
         res["hf"]["tokens_per_s"] = B * T / h["median_s"]
@@ -740,6 +810,7 @@ def report(res: dict[str, Any]) -> str:
         ks,
     )
     ref, mm = fl["bandwidth"]["reference"], fl["matmul"]
+    big_mib = fl["bandwidth"].get("big_bytes", _BIG_MATRIX) // 2**20
     probes = "; ".join(
         "[{0},{1}]x[{1},{2}]: ".format(*p["shape"]) + f"{p['gb_s']:.1f} GB/s"
         for p in fl["bandwidth"]["probes"]
@@ -755,7 +826,7 @@ def report(res: dict[str, Any]) -> str:
         "## c. The floor",
         "",
         f"Read bandwidth {ref['gb_s']:.1f} GB/s = matrix bytes / median time of a jitted [B,D]x[D,V] "
-        f"product ({probes}; the fastest matrix of at least 16 MiB counts). "
+        f"product ({probes}; the fastest matrix of at least {big_mib} MiB counts). "
         f"Matmul rate {mm['gflop_s']:.1f} GFLOP/s (jitted {mm['shape'][0]}^3 product).",
         "Step floor = max(bytes / bandwidth, FLOPs / rate). Bytes = decoder-side weights (self-attention, "
         "cross-attention q and o, MLPs, norms, output layer, the gathered embedding rows) + the whole "
@@ -820,7 +891,8 @@ def report(res: dict[str, Any]) -> str:
         out += [
             "",
             "HF: `T5ForConditionalGeneration.generate(num_beams=1, do_sample=False, use_cache=True, "
-            f"min_new_tokens=max_new_tokens={T})`, torch {h['torch_threads']} thread(s), median of "
+            f"min_new_tokens=max_new_tokens={T})` on {h.get('device', 'cpu')}, torch {h['torch_threads']} "
+            "thread(s), median of "
             f"{h['runs']} runs after one warm-up. Same weights: max |logits diff| "
             f"{res['hf_parity_max_abs_diff']:.2e} (checked in this run); greedy tokens equal ours (MHA) at "
             f"{100 * h['token_agreement_with_ours_mha']:.1f}% of positions "

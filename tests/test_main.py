@@ -24,3 +24,25 @@ def test_demo_quick_scale_runs_every_stage(tmp_path, monkeypatch, capsys):
 
 def test_no_command_is_an_error(capsys):
     assert main([]) == 2
+
+
+def test_a_command_imports_only_its_own_modules():
+    """`bench decode` builds only its own arguments: the data, metrics and demo modules (TFDS,
+    ROUGE, ...) stay unimported, so a bench runs on a machine without them (a GPU box)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gqa_jax.__main__ import main; rc = main(['bench', 'decode', '--help']); "
+        "print(sorted(m for m in ('gqa_jax.reproduce', 'gqa_jax.metrics', 'tensorflow_datasets', "
+        "'rouge_score', 'ml_collections') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_top_level_help_still_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "bench", "train", "plan", "data", "convert", "info"):
+        assert command in out

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gqa_jax.config import ModelConfig
-from gqa_jax.layers import dropout, dtype_of, fan_in_init
+from gqa_jax.layers import dropout, dtype_of, fan_in_init, project, project_many
 from gqa_jax.sharding import constrain
 
 Array = jax.Array
@@ -92,14 +92,22 @@ class Attention(nnx.Module):
 
     def project_q(self, x: Array) -> Array:
         """``[B, T, D]`` -> ``[B, T, N, H]``."""
-        q = jnp.einsum("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype))
+        q = project("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype))
         return constrain(q, "queries")
 
     def project_kv(self, x: Array) -> tuple[Array, Array]:
         """``[B, S, D]`` -> keys, values ``[B, K, S, H]`` each (the cache layout)."""
-        k = jnp.einsum("BSD,DKH->BKSH", x, self.key[...].astype(self.dtype))
-        v = jnp.einsum("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
+        k = project("BSD,DKH->BKSH", x, self.key[...].astype(self.dtype))
+        v = project("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
         return constrain(k, "kv"), constrain(v, "kv")
+
+    def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
+        """Self-attention ``[B, T, D]`` -> queries ``[B, T, N, H]``, keys and values ``[B, K, T, H]``
+        (in a CPU decode step one out-major product over the three weights stacked)."""
+        dt = self.dtype
+        w = [self.query[...].astype(dt), self.key[...].astype(dt), self.value[...].astype(dt)]
+        q, k, v = project_many(["BTD,DNH->BTNH", "BTD,DKH->BKTH", "BTD,DKH->BKTH"], x, w)
+        return constrain(q, "queries"), constrain(k, "kv"), constrain(v, "kv")
 
     def attend(
         self,
@@ -113,7 +121,7 @@ class Attention(nnx.Module):
     ) -> Array:
         """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
         o = grouped_attention(q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs)
-        return constrain(jnp.einsum("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype)), "hidden")
+        return constrain(project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype)), "hidden")
 
     def __call__(
         self,

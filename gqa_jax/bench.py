@@ -305,19 +305,27 @@ def probe_sizes(d_model: int, vocab: int) -> dict[str, Any]:
 def measure_read_bandwidth(
     batch: int, shapes: list[tuple[int, int]], dtype: Any, runs: int, big: int = _BIG_MATRIX
 ) -> dict:
-    """``[B, D] x [D, V]`` products: GB/s = matrix bytes / median time, per shape; the reference is
-    the fastest among matrices of at least ``big`` bytes (a smaller one would measure the caches)."""
-    matvec = jax.jit(lambda x, w: x @ w)
+    """``[B, D] x [D, V]`` products: GB/s = matrix bytes / median time, per shape and per weight
+    layout: ``[D, V]`` contracted as stored (``in_out``) and ``[V, D]`` contracted out-major as
+    the CPU decode loop does (``out_in``, ``layers.project``). The reference is the fastest
+    product on a matrix of at least ``big`` bytes (a smaller one would measure the caches)."""
+    products = {
+        "in_out": jax.jit(lambda x, w: x @ w),  # w [D, V]
+        "out_in": jax.jit(lambda x, wt: jax.lax.optimization_barrier(wt @ x.T).T),  # wt [V, D]
+    }
     results = []
     for d, v in shapes:
         w = jax.random.normal(jax.random.key(1), (d, v), jnp.float32).astype(dtype)
         x = jnp.ones((batch, d), dtype)
-        timing, _ = measure(lambda x=x, w=w: matvec(x, w), runs)
         nbytes = int(w.nbytes)
-        results.append(
-            {"shape": [batch, d, v], "bytes": nbytes, "median_s": timing["median_s"]}
-            | {"gb_s": nbytes / timing["median_s"] / 1e9}
-        )
+        for layout, product in products.items():
+            weight = w if layout == "in_out" else w.T  # eager: a [V, D] array of its own
+            timing, _ = measure(lambda x=x, w=weight, f=product: f(x, w), runs)
+            results.append(
+                {"shape": [batch, d, v], "layout": layout, "bytes": nbytes, "median_s": timing["median_s"]}
+                | {"gb_s": nbytes / timing["median_s"] / 1e9}
+            )
+            del weight
     counted = [r for r in results if r["bytes"] >= big] or results
     return {"probes": results, "reference": max(counted, key=lambda r: r["gb_s"]), "big_bytes": big}
 
@@ -812,7 +820,7 @@ def report(res: dict[str, Any]) -> str:
     ref, mm = fl["bandwidth"]["reference"], fl["matmul"]
     big_mib = fl["bandwidth"].get("big_bytes", _BIG_MATRIX) // 2**20
     probes = "; ".join(
-        "[{0},{1}]x[{1},{2}]: ".format(*p["shape"]) + f"{p['gb_s']:.1f} GB/s"
+        "[{0},{1}]x[{1},{2}]".format(*p["shape"]) + f" {p.get('layout', 'in_out')}: {p['gb_s']:.1f} GB/s"
         for p in fl["bandwidth"]["probes"]
     )
     out += [
@@ -826,7 +834,9 @@ def report(res: dict[str, Any]) -> str:
         "## c. The floor",
         "",
         f"Read bandwidth {ref['gb_s']:.1f} GB/s = matrix bytes / median time of a jitted [B,D]x[D,V] "
-        f"product ({probes}; the fastest matrix of at least {big_mib} MiB counts). "
+        f"product, the weight stored [D, V] (in_out) or [V, D] and contracted out-major as the CPU "
+        f"decode loop does (out_in) ({probes}; the fastest product on a matrix of at least "
+        f"{big_mib} MiB counts). "
         f"Matmul rate {mm['gflop_s']:.1f} GFLOP/s (jitted {mm['shape'][0]}^3 product).",
         "Step floor = max(bytes / bandwidth, FLOPs / rate). Bytes = decoder-side weights (self-attention, "
         "cross-attention q and o, MLPs, norms, output layer, the gathered embedding rows) + the whole "

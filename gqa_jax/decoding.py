@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
+from gqa_jax import layers
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID, T5
 
@@ -81,6 +82,12 @@ def _mesh_context(mesh: Any, rules: Any) -> Any:
     if mesh is None:
         return contextlib.nullcontext()
     return sharding_lib.activation_sharding(mesh, dict(rules) if rules else sharding_lib.RULES)
+
+
+def _fast_steps(mesh: Any) -> bool:
+    """Whether a loop's step takes its few-row weight products out-major
+    (``layers.project``): on the CPU, one device (XLA:CPU's layouts; GPUs and meshes keep einsum)."""
+    return mesh is None and jax.default_backend() == "cpu"
 
 
 def _place(
@@ -265,14 +272,17 @@ def _decode_loop(
         model = nnx.merge(graphdef, params)
         cache = prefill(model, encoder_input_ids, max_decode_len)
         state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=return_logits)
-        step = functools.partial(
-            decode_step,
-            model,
-            eos_id=eos_id,
-            temperature=0.0 if greedy else temperature,
-            top_k=top_k,
-            top_p=top_p,
-        )
+
+        def step(s: DecodeState) -> DecodeState:
+            with layers.step_matmuls(_fast_steps(mesh)):
+                return decode_step(
+                    model,
+                    s,
+                    eos_id=eos_id,
+                    temperature=0.0 if greedy else temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                )
 
         def running(s: DecodeState) -> Array:
             return (s.step < max_decode_len) & ~jnp.all(s.done)
@@ -454,10 +464,11 @@ def _beam_loop(
         return _beam_body(
             graphdef, params, encoder_input_ids,
             max_decode_len=max_decode_len, beam_size=beam_size, alpha=alpha, eos_id=eos_id,
+            fast_steps=_fast_steps(mesh),
         )  # fmt: skip
 
 
-def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id):
+def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, fast_steps):
     model = nnx.merge(graphdef, params)
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
     cache = prefill(model, encoder_input_ids, max_decode_len)  # encode B rows once ...
@@ -483,7 +494,8 @@ def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size
         last = jnp.where(
             t == 0, DECODER_START_ID, jax.lax.dynamic_index_in_dim(s.alive_seqs, t - 1, 2, False)
         )
-        logits, cache = model.decode_cached(last.reshape(B * W, 1), s.cache)  # [B * W, 1, V]
+        with layers.step_matmuls(fast_steps):
+            logits, cache = model.decode_cached(last.reshape(B * W, 1), s.cache)  # [B * W, 1, V]
         logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, V)
         cand = (s.alive_logp[:, :, None] + logp).reshape(B, W * V)
         # 2W candidates: at most W of them end in EOS, so W can stay alive.

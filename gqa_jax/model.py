@@ -28,7 +28,7 @@ from flax import nnx
 from gqa_jax import cache
 from gqa_jax.attention import Attention
 from gqa_jax.config import ModelConfig
-from gqa_jax.layers import MLP, Embed, RelativePositionBias, RMSNorm, dropout, dtype_of, fan_in_init
+from gqa_jax.layers import MLP, Embed, RelativePositionBias, RMSNorm, dropout, dtype_of, fan_in_init, project
 from gqa_jax.sharding import constrain
 
 Array = jax.Array
@@ -86,12 +86,10 @@ class DecoderLayer(nnx.Module):
         (``S' = T_max``). Returns ``(y, (keys, values))``, the latter being the updated cache.
         """
         h = self.self_attn_norm(y)
-        k, v = self.self_attn.project_kv(h)  # [B, K, T, H]
+        q, k, v = self.self_attn.project_qkv(h)  # [B, T, N, H], [B, K, T, H] x 2
         if self_kv is not None:
             k, v = cache.write(self_kv[0], k, index), cache.write(self_kv[1], v, index)
-        attn = self.self_attn.attend(
-            self.self_attn.project_q(h), k, v, bias=self_bias, mask=self_mask, rngs=rngs
-        )
+        attn = self.self_attn.attend(q, k, v, bias=self_bias, mask=self_mask, rngs=rngs)
         y = y + dropout(attn, self.rate, rngs)
         h = self.cross_attn_norm(y)
         attn = self.cross_attn.attend(self.cross_attn.project_q(h), *cross_kv, mask=cross_mask, rngs=rngs)
@@ -216,7 +214,7 @@ class T5(nnx.Module):
             hidden = hidden * (self.config.d_model**-0.5)
             out = self.shared.attend(hidden)
         else:
-            out = jnp.einsum("BTD,DV->BTV", hidden, self.lm_head[...].astype(hidden.dtype))
+            out = project("BTD,DV->BTV", hidden, self.lm_head[...].astype(hidden.dtype))
         return constrain(out.astype(jnp.float32), "logits")
 
     def decode(

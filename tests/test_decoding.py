@@ -49,6 +49,18 @@ def test_cached_equals_uncached_tokens_and_step_logits(model):
     assert len(set(lengths.tolist())) > 1, f"rows should finish at different steps: {lengths}"
 
 
+def test_cpu_decode_loop_takes_weight_products_out_major():
+    """On the CPU, one device, the loop's step uses layers.project's out-major products (the
+    barriers are in the compiled loop); on a mesh it keeps einsum."""
+    # a 4096-token vocabulary: the output layer (32 x 4096) is big enough for the out-major path
+    model = T5(preset("tiny", vocab_size=4096, num_kv_heads=2), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
+    kw = dict(max_decode_len=MAX, eos_id=1, greedy=True, top_k=0, top_p=1.0, return_logits=False)
+    assert "optimization_barrier" in decoding._decode_loop.lower(*args, **kw).as_text()
+    assert not decoding._fast_steps(mesh=object())
+
+
 def test_finished_rows_emit_pad_and_loop_stops_early(model):
     result = decoding.greedy_decode(model, ENC, MAX)
     tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)

@@ -46,14 +46,16 @@ def step_matmuls(enabled: bool = True):
         _STEP.on = before
 
 
-def _parse(spec: str, x: Array, w: Array) -> tuple[str, str, list[str], list[str], list[str], dict]:
+def _parse(spec: str, x: Array, w: Array) -> tuple[str, str, str, list[str], list[str], list[str], dict]:
+    """``"BTD,DF->BTF"`` -> the letters of x, w and the output; rows (x only), cols (w only),
+    inner (both) letters; every letter's size."""
     x_letters, rest = spec.split(",")
     w_letters, out_letters = rest.split("->")
     rows = [c for c in x_letters if c not in w_letters]
     cols = [c for c in w_letters if c not in x_letters]
     inner = [c for c in x_letters if c in w_letters]
     size = dict(zip(x_letters, x.shape, strict=True)) | dict(zip(w_letters, w.shape, strict=True))
-    return x_letters, out_letters, rows, cols, inner, size
+    return x_letters, w_letters, out_letters, rows, cols, inner, size
 
 
 def project(spec: str, x: Array, w: Array) -> Array:
@@ -64,11 +66,10 @@ def project(spec: str, x: Array, w: Array) -> Array:
     ``W [out, in] @ X.T [in, rows]``: on XLA:CPU a batch-8 product with a weight stored
     ``[in, out]`` reads it at 4-5 GB/s on the 2-core VM, the same weight transposed and
     contracted this way at 10-18 GB/s (measured for t5-small's shapes; the output layer
-    14 -> 7 ms). ``W`` is the weight transposed by an
-    ``optimization_barrier`` (else XLA folds the transpose back into the dot); inside a
-    ``while_loop`` it is loop-invariant, so XLA hoists it out and transposes once per decode.
-    A second barrier keeps the product's ``[out, rows]`` layout. Same sums, different order:
-    results agree to float rounding.
+    14 -> 7 ms). ``W`` is the weight transposed by an ``optimization_barrier`` (else XLA
+    folds the transpose back into the dot); inside a ``while_loop`` it is loop-invariant, so
+    XLA hoists it out and transposes once per decode. A second barrier keeps the product's
+    ``[out, rows]`` layout. Same sums, different order: results agree to float rounding.
     """
     return project_many([spec], x, [w])[0]
 
@@ -78,22 +79,22 @@ def project_many(specs: list[str], x: Array, ws: list[Array]) -> list[Array]:
     (inside :func:`step_matmuls`, 2 to 64 rows) the weights are stacked into one ``[out, in]``
     matrix (stacked once per decode, like the transpose) and read by one product."""
     parsed = [_parse(spec, x, w) for spec, w in zip(specs, ws, strict=True)]
-    x_letters, _, rows, _, inner, size = parsed[0]
+    x_letters, _, _, rows, _, inner, size = parsed[0]
     n_rows = math.prod(size[c] for c in rows)
-    same = all(p[0] == x_letters and p[2] == rows and p[4] == inner for p in parsed)
+    same = all(p[0] == x_letters and p[3] == rows and p[5] == inner for p in parsed)
     big = sum(w.size for w in ws) >= STEP_MIN_WEIGHT  # tiny test models keep einsum (and compile faster)
     if not (getattr(_STEP, "on", False) and STEP_ROWS[0] <= n_rows <= STEP_ROWS[1] and same and big):
         return [jnp.einsum(spec, x, w) for spec, w in zip(specs, ws, strict=True)]
     n_in = math.prod(size[c] for c in inner)
     x2 = jnp.einsum(f"{x_letters}->{''.join(rows + inner)}", x).reshape(n_rows, n_in)
-    w2s = []
-    for (_, _, _, cols, _, _), spec, w in zip(parsed, specs, ws, strict=True):
-        w_letters = spec.split(",")[1].split("->")[0]
-        w2s.append(jnp.einsum(f"{w_letters}->{''.join(cols + inner)}", w).reshape(-1, n_in))
+    w2s = [
+        jnp.einsum(f"{w_letters}->{''.join(cols + inner)}", w).reshape(-1, n_in)
+        for (_, w_letters, _, _, cols, _, _), w in zip(parsed, ws, strict=True)
+    ]
     w2 = jax.lax.optimization_barrier(jnp.concatenate(w2s) if len(w2s) > 1 else w2s[0])  # [out, in]
     y = jax.lax.optimization_barrier(w2 @ x2.T).T  # [out, rows] computed, then [rows, out]
     outs, at = [], 0
-    for (_, out_letters, _, cols, _, sz), w2_i in zip(parsed, w2s, strict=True):
+    for (_, _, out_letters, _, cols, _, sz), w2_i in zip(parsed, w2s, strict=True):
         n_out = w2_i.shape[0]
         y_i = y[:, at : at + n_out].reshape(*(sz[c] for c in rows + cols))
         outs.append(jnp.einsum(f"{''.join(rows + cols)}->{out_letters}", y_i))

@@ -86,7 +86,7 @@ def test_gated_gelu_mlp_matches_formula():
 )
 def test_project_out_major_equals_einsum(spec, x_shape, w_shape, monkeypatch):
     """Inside step_matmuls, few-row products are taken out-major: the same numbers as einsum;
-    outside it, and for 1 or more than 64 rows, project is einsum itself."""
+    outside it, project is einsum itself (the row range and small weights: the next test)."""
     monkeypatch.setattr(layers, "STEP_MIN_WEIGHT", 0)  # these weights are small
     kx, kw = jax.random.split(jax.random.key(0))
     x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)

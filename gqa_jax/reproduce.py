@@ -7,7 +7,9 @@ On data built from this Python's standard library (no download), with the tiny p
   3. uptrain it to GQA-2 and MQA: mean-pool the K/V heads, then ``alpha x`` the pre-training
      steps of span corruption (the paper's alpha is 0.05);
   4. fine-tune MHA, GQA-2 and MQA on ``stdlib_docsum`` (function source -> the docstring's first
-     sentence; dropout 0.1, constant 0.001), keeping the best dev ROUGE-1;
+     sentence; dropout 0.1, constant learning rate 0.01: the paper's 0.001 is for pre-trained
+     T5 models, and at 0.001 this tiny model barely moves in 300 steps), keeping the best dev
+     ROUGE-1;
   5. measure greedy decoding time per sample on dev inputs, and print the table: K/V heads,
      cache bytes per sample, ROUGE-1 before and after fine-tuning, decode ms per sample.
 
@@ -41,6 +43,9 @@ ALPHA = 0.05
 INPUT_LEN_PRETRAIN = 128
 INPUT_LEN_DOCSUM = 256
 TARGET_LEN_DOCSUM = 32
+# Fine-tuning learning rate of the demo (configs/finetune.py keeps the paper's 0.001). Measured
+# on the default scale's MHA model: dev ROUGE-1 5.9 at 0.001, 10.9 at 0.01 after 300 steps.
+FINETUNE_LR = 0.01
 
 
 def _stage(workdir: Path, config: Any, log: Callable[[str], None]) -> dict[str, Any]:
@@ -125,7 +130,8 @@ def run(
             _packaged("finetune.py"),
             common | {"task": "stdlib_docsum", "init_from": str(start), "num_train_steps": s["finetune"],
                       "input_length": INPUT_LEN_DOCSUM, "target_length": TARGET_LEN_DOCSUM,
-                      "eval_every": max(1, s["finetune"] // 2), "checkpoint_every": 1000},
+                      "eval_every": max(1, s["finetune"] // 2), "checkpoint_every": 1000,
+                      "optimizer.learning_rate": FINETUNE_LR},
         )  # fmt: skip
         run_dir = root / f"finetune_k{k}"
         summary = _stage(run_dir, ft, log)

@@ -185,7 +185,7 @@ def bench_fused(split: Split, ids: np.ndarray, T: int, runs: int) -> dict[str, A
 
 def _prefill_state(graphdef: Any, T: int, params: Any, ids: jax.Array, key: jax.Array):
     model = nnx.merge(graphdef, params)
-    cache = decoding.prefill(model, ids, T)
+    cache = decoding.prefill(model, ids, T, chunked=decoding._fast_steps(None))  # as greedy_decode's
     return decoding.init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=False)
 
 

@@ -85,8 +85,9 @@ def _mesh_context(mesh: Any, rules: Any) -> Any:
 
 
 def _fast_steps(mesh: Any) -> bool:
-    """Whether a loop's step takes its few-row weight products out-major
-    (``layers.project``): on the CPU, one device (XLA:CPU's layouts; GPUs and meshes keep einsum)."""
+    """Whether a loop's step takes its few-row weight products out-major (``layers.project``)
+    and its prefill encodes in chunks of rows (``prefill``'s ``chunked``): on the CPU,
+    one device (XLA:CPU's layouts and caches; GPUs and meshes keep the batched einsums)."""
     return mesh is None and jax.default_backend() == "cpu"
 
 
@@ -149,12 +150,38 @@ def validate_inputs(
     return ids.astype(jnp.int32) if spread else jnp.asarray(ids, jnp.int32)
 
 
-def prefill(model: T5, encoder_input_ids: Array, max_decode_len: int) -> kvcache.KVCache:
-    """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``."""
+# Tokens per chunk of prefill's row-chunked encoder (CPU). T5-small on 2 CPU cores, encoder time:
+# 8 x 512 tokens 2.10 s batched, 1.84 s in chunks of 2 rows; 32 x 128: 1.76 s, 1.58 s in chunks of
+# 8; 8 x 1024: 6.55 s, 5.15 s row by row.
+ENCODE_CHUNK_TOKENS = 1024
+
+
+def encode_chunk_rows(batch: int, input_len: int) -> int:
+    """Rows per chunk of the chunked encoder: the largest divisor of ``batch`` whose chunk holds at
+    most ``ENCODE_CHUNK_TOKENS`` tokens (at least 1 row; ``batch`` itself means no chunking)."""
+    fits = [r for r in range(1, batch + 1) if batch % r == 0 and r * input_len <= ENCODE_CHUNK_TOKENS]
+    return max(fits, default=1)
+
+
+def prefill(
+    model: T5, encoder_input_ids: Array, max_decode_len: int, *, chunked: bool = False
+) -> kvcache.KVCache:
+    """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``.
+
+    ``chunked`` (the CPU loops): encode a few rows at a time (``lax.map`` over chunks of at most
+    ``ENCODE_CHUNK_TOKENS`` tokens, :func:`encode_chunk_rows`), so a chunk's activations and
+    ``[N, S, S]`` attention logits stay in the CPU caches through a layer instead of the whole
+    batch's streaming through memory at every op. The numbers agree with the batched encoder to
+    float32 rounding (products of other shapes sum in another order)."""
     config = model.config
-    encoded = model.encode(encoder_input_ids)  # [B, S, D]
+    B, S = encoder_input_ids.shape
+    rows = encode_chunk_rows(B, S) if chunked else B
+    if rows < B:
+        chunks = encoder_input_ids.reshape(B // rows, rows, S)
+        encoded = jax.lax.map(model.encode, chunks).reshape(B, S, -1)  # [B, S, D]
+    else:
+        encoded = model.encode(encoder_input_ids)  # [B, S, D]
     cross_k, cross_v = model.decoder.cross_kv(encoded)  # per layer [B, K, S, H]
-    B = encoder_input_ids.shape[0]
     self_k, self_v = kvcache.empty_self_cache(config, B, max_decode_len, encoded.dtype)
     return kvcache.KVCache(
         self_k=self_k,
@@ -270,7 +297,7 @@ def _decode_loop(
     With a ``mesh`` the trace runs under its activation sharding (cache sharded by the rules)."""
     with _mesh_context(mesh, rules):
         model = nnx.merge(graphdef, params)
-        cache = prefill(model, encoder_input_ids, max_decode_len)
+        cache = prefill(model, encoder_input_ids, max_decode_len, chunked=_fast_steps(mesh))
         state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=return_logits)
 
         def step(s: DecodeState) -> DecodeState:
@@ -471,7 +498,7 @@ def _beam_loop(
 def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, fast_steps):
     model = nnx.merge(graphdef, params)
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
-    cache = prefill(model, encoder_input_ids, max_decode_len)  # encode B rows once ...
+    cache = prefill(model, encoder_input_ids, max_decode_len, chunked=fast_steps)  # encode B rows once ...
     cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)  # ... then W beams per row
     kv = functools.partial(sharding_lib.constrain, kind="kv")
     cache = cache.replace(

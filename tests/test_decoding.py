@@ -61,6 +61,36 @@ def test_cpu_decode_loop_takes_weight_products_out_major():
     assert not decoding._fast_steps(mesh=object())
 
 
+def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch):
+    """Rows per chunk: the largest divisor of the batch within ENCODE_CHUNK_TOKENS tokens. The
+    chunked encoder gives the batched cache, and the CPU loop (which chunks) still gives the
+    cache-free path's tokens and logits."""
+    assert decoding.ENCODE_CHUNK_TOKENS == 1024
+    rows = {(8, 512): 2, (32, 128): 8, (6, 300): 3, (8, 2048): 1}  # (batch, input length): rows
+    assert {bs: decoding.encode_chunk_rows(*bs) for bs in rows} == rows
+    assert decoding.encode_chunk_rows(*ENC.shape) == ENC.shape[0]  # the other tests: no chunks
+    model = tiny(2)
+    ids = jnp.asarray(ENC, jnp.int32)
+    graphdef, params = nnx.split(model)
+    args = (graphdef, params, ids, jax.random.key(0), jnp.float32(0.0))
+    kw = dict(eos_id=1, greedy=True, top_k=0, top_p=1.0, return_logits=True)
+
+    def loops(n: int) -> int:  # while loops of the CPU decode loop's program at length n
+        return decoding._decode_loop.lower(*args, max_decode_len=n, **kw).as_text().count("stablehlo.while")
+
+    unchunked = loops(MAX - 2)  # lengths no other test traces: fresh traces
+    monkeypatch.setattr(decoding, "ENCODE_CHUNK_TOKENS", ENC.shape[1])  # from here: one row per chunk
+    n = MAX - 1
+    assert loops(n) == unchunked + 1  # the encoder's map over chunks
+    batched, chunked = (decoding.prefill(model, ids, MAX, chunked=c) for c in (False, True))
+    for a, b in zip(jax.tree.leaves(batched), jax.tree.leaves(chunked), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+    cached = decoding.greedy_decode(model, ENC, n, return_logits=True)
+    uncached = decoding.uncached_greedy_decode(model, ENC, n)
+    np.testing.assert_array_equal(np.asarray(cached.tokens), np.asarray(uncached.tokens))
+    np.testing.assert_allclose(np.asarray(cached.logits), np.asarray(uncached.logits), atol=1e-5, rtol=0)
+
+
 def test_finished_rows_emit_pad_and_loop_stops_early(model):
     result = decoding.greedy_decode(model, ENC, MAX)
     tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)

@@ -6,7 +6,8 @@ Commands:
   convert  MHA -> GQA / MQA checkpoint conversion with a provenance manifest (or --check DST).
   info     parameter counts, K/V heads and KV-cache bytes of a T5.1.1 preset (nothing allocated).
   bench    benchmarks: `bench decode` (cache vs none, MHA / GQA / MQA, the floor, HuggingFace),
-           `bench train` (tokens/s and MFU against the measured matmul peak).
+           `bench train` (tokens/s and MFU against the measured matmul peak), `bench step`
+           (where a decode step's time goes, op by op).
   data     tasks, dataset preparation, the embedded stdlib suite, vocabularies (``data --help``).
   train    pre-train, uptrain or fine-tune: --config configs/<file>.py[:variant] --workdir DIR.
   plan     per-device memory of the sharded train step and decode loop on a mesh, compiled ahead
@@ -282,6 +283,40 @@ def _add_bench_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--seed", type=int, default=0, help="weights and inputs seed (default: %(default)s)")
     d.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
     _add_bench_train_args(sub)
+    _add_bench_step_args(sub)
+
+
+def _add_bench_step_args(sub: Any) -> None:
+    from gqa_jax.config import DTYPES, PRESETS
+
+    s = sub.add_parser(
+        "step",
+        help="where a decode step's time goes: the greedy loop profiled, op by op",
+        description="Decode-step breakdown (Markdown tables on stdout, progress on stderr): the fused "
+        "greedy loop of each model (MHA and its mean conversions) compiled, timed and traced with "
+        "jax.profiler; the loop body's ops grouped by source line, op, output and largest input, "
+        "with ms per step, MB of inputs per step and the rate they read at, beside the read-bandwidth "
+        "probe of `bench decode`'s floor.",
+    )
+    s.add_argument("--preset", default="small", choices=PRESETS, help="model shape (default: %(default)s)")
+    s.add_argument("--batch", type=_positive_int, default=8, help="batch size B (default: %(default)s)")
+    s.add_argument(
+        "--input-len", type=_positive_int, default=512, help="input length S (default: %(default)s)"
+    )
+    s.add_argument(
+        "--new-tokens", type=_positive_int, default=64, help="steps T of the loop (default: %(default)s)"
+    )
+    s.add_argument(
+        "--kv-heads",
+        default=None,
+        help="comma-separated K/V head counts, as for `bench decode` (default: N, N/2, N/4, 1 as divisors)",
+    )
+    s.add_argument(
+        "--top", type=_positive_int, default=16, help="groups shown per model (default: %(default)s)"
+    )
+    s.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype (default: %(default)s)")
+    s.add_argument("--seed", type=int, default=0, help="weights and inputs seed (default: %(default)s)")
+    s.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
 
 
 def _add_bench_train_args(sub: Any) -> None:
@@ -333,11 +368,27 @@ def _run_bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_bench_step(args: argparse.Namespace) -> int:
+    from gqa_jax import bench, bench_step
+
+    res = bench_step.run_step_bench(
+        preset_name=args.preset, batch=args.batch, input_len=args.input_len, new_tokens=args.new_tokens,
+        kv_heads=args.kv_heads, dtype=args.dtype, seed=args.seed, log=_log_stderr,
+    )  # fmt: skip
+    print(bench_step.report(res, top=args.top), flush=True)
+    if args.json:
+        bench.write_json(res, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from gqa_jax import bench
 
     if args.bench_command == "train":
         return _run_bench_train(args)
+    if args.bench_command == "step":
+        return _run_bench_step(args)
     res = bench.run_decode_bench(
         preset_name=args.preset,
         batch=args.batch,
@@ -517,7 +568,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     ),
     "bench": (
         "benchmarks: `bench decode` (KV cache vs none, MHA / GQA / MQA, the floor, HuggingFace), "
-        "`bench train` (tokens/s, MFU)",
+        "`bench train` (tokens/s, MFU), `bench step` (a decode step op by op)",
         _add_bench_args,
         _run_bench,
     ),

@@ -46,6 +46,11 @@ def step_matmuls(enabled: bool = True):
         _STEP.on = before
 
 
+def stepping() -> bool:
+    """Whether a trace runs inside :func:`step_matmuls` (a CPU decode loop's step)."""
+    return getattr(_STEP, "on", False)
+
+
 def _parse(spec: str, x: Array, w: Array) -> tuple[str, str, str, list[str], list[str], list[str], dict]:
     """``"BTD,DF->BTF"`` -> the letters of x, w and the output; rows (x only), cols (w only),
     inner (both) letters; every letter's size."""

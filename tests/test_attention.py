@@ -108,3 +108,25 @@ def test_attention_module_shapes_and_errors():
         Attention(cfg, 3, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="N=8 not divisible by K/V heads K=3"):
         grouped_attention(jnp.ones((1, 1, 8, 2)), jnp.ones((1, 3, 1, 2)), jnp.ones((1, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("num_heads, num_kv", [(6, 3), (6, 2), (6, 1), (16, 1)])
+def test_a_cpu_decode_step_takes_the_group_head_by_head_with_the_same_result(num_heads, num_kv):
+    """Inside ``step_matmuls`` one query position is attended one query head of each group at a
+    time (2 products per head, up to STEP_MAX_GROUP heads per group); the numbers are those of
+    the one-product path, with a per-row bias [B, N, 1, S] and a key mask [B, 1, S]."""
+    from gqa_jax import attention, layers
+
+    r = np.random.default_rng(num_heads + num_kv)
+    B, S, H, G = 3, 10, 8, num_heads // num_kv
+    q = jnp.asarray(r.standard_normal((B, 1, num_heads, H)), jnp.float32)
+    k, v = (jnp.asarray(r.standard_normal((B, num_kv, S, H)), jnp.float32) for _ in range(2))
+    bias = jnp.asarray(r.standard_normal((B, num_heads, 1, S)), jnp.float32)
+    mask = jnp.asarray(r.random((B, 1, S)) < 0.7).at[:, :, 0].set(True)
+    ref = grouped_attention(q, k, v, bias=bias, mask=mask)
+    with layers.step_matmuls():
+        got = grouped_attention(q, k, v, bias=bias, mask=mask)
+        jaxpr = str(jax.make_jaxpr(lambda *a: grouped_attention(*a, bias=bias, mask=mask))(q, k, v))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-6)
+    split = G <= attention.STEP_MAX_GROUP
+    assert jaxpr.count("dot_general") == (2 * G if split else 2)

@@ -220,8 +220,28 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------- bench
+def _add_decode_shape_args(p: argparse.ArgumentParser) -> None:
+    """The model and shapes of `bench decode` and `bench step`."""
+    from gqa_jax.config import PRESETS
+
+    p.add_argument("--preset", default="small", choices=PRESETS, help="model shape (default: %(default)s)")
+    p.add_argument("--batch", type=_positive_int, default=8, help="batch size B (default: %(default)s)")
+    p.add_argument(
+        "--input-len", type=_positive_int, default=512, help="input length S (default: %(default)s)"
+    )
+    p.add_argument(
+        "--new-tokens", type=_positive_int, default=64, help="new tokens T per row (default: %(default)s)"
+    )
+    p.add_argument(
+        "--kv-heads",
+        default=None,
+        help="comma-separated K/V head counts, divisors of num_heads; N (MHA) is always added "
+        "(default: N, N/2, N/4, 1 rounded down to divisors, deduplicated: 6,3,1 for small)",
+    )
+
+
 def _add_bench_args(p: argparse.ArgumentParser) -> None:
-    from gqa_jax.config import DTYPES, PRESETS
+    from gqa_jax.config import DTYPES
 
     sub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     d = sub.add_parser(
@@ -232,20 +252,7 @@ def _add_bench_args(p: argparse.ArgumentParser) -> None:
         "p50/p95 step latency; c. time over the bandwidth / FLOP floor; d. HuggingFace generate on "
         "the same weights. Random weights; GQA / MQA are mean conversions of the MHA model.",
     )
-    d.add_argument("--preset", default="small", choices=PRESETS, help="model shape (default: %(default)s)")
-    d.add_argument("--batch", type=_positive_int, default=8, help="batch size B (default: %(default)s)")
-    d.add_argument(
-        "--input-len", type=_positive_int, default=512, help="input length S (default: %(default)s)"
-    )
-    d.add_argument(
-        "--new-tokens", type=_positive_int, default=64, help="new tokens T per row (default: %(default)s)"
-    )
-    d.add_argument(
-        "--kv-heads",
-        default=None,
-        help="comma-separated K/V head counts, divisors of num_heads; N (MHA) is always added "
-        "(default: N, N/2, N/4, 1 rounded down to divisors, deduplicated: 6,3,1 for small)",
-    )
+    _add_decode_shape_args(d)
     d.add_argument(
         "--lengths",
         default="64,256,512",
@@ -287,7 +294,7 @@ def _add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_bench_step_args(sub: Any) -> None:
-    from gqa_jax.config import DTYPES, PRESETS
+    from gqa_jax.config import DTYPES
 
     s = sub.add_parser(
         "step",
@@ -298,19 +305,7 @@ def _add_bench_step_args(sub: Any) -> None:
         "with ms per step, MB of inputs per step and the rate they read at, beside the read-bandwidth "
         "probe of `bench decode`'s floor.",
     )
-    s.add_argument("--preset", default="small", choices=PRESETS, help="model shape (default: %(default)s)")
-    s.add_argument("--batch", type=_positive_int, default=8, help="batch size B (default: %(default)s)")
-    s.add_argument(
-        "--input-len", type=_positive_int, default=512, help="input length S (default: %(default)s)"
-    )
-    s.add_argument(
-        "--new-tokens", type=_positive_int, default=64, help="steps T of the loop (default: %(default)s)"
-    )
-    s.add_argument(
-        "--kv-heads",
-        default=None,
-        help="comma-separated K/V head counts, as for `bench decode` (default: N, N/2, N/4, 1 as divisors)",
-    )
+    _add_decode_shape_args(s)
     s.add_argument(
         "--top", type=_positive_int, default=16, help="groups shown per model (default: %(default)s)"
     )

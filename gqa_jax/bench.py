@@ -149,6 +149,12 @@ def parse_lengths(text: str) -> list[int]:
 Split = tuple[Any, Any]  # nnx.split(model): (graphdef, params)
 
 
+def random_ids(vocab_size: int, batch: int, length: int, seed: int) -> np.ndarray:
+    """The benchmarks' encoder inputs: ``[batch, length]`` int32 ids in ``[2, vocab_size)`` (no
+    pad, no EOS), the same for a given seed."""
+    return np.random.default_rng(seed).integers(2, vocab_size, size=(batch, length)).astype(np.int32)
+
+
 def build_models(
     config: ModelConfig, kv_heads: list[int], seed: int, log: Callable[[str], None] = lambda _: None
 ) -> dict[int, tuple[ModelConfig, T5]]:
@@ -605,7 +611,7 @@ def run_decode_bench(
             "config": config.to_dict(),
         },
     }
-    ids = np.random.default_rng(seed).integers(2, config.vocab_size, size=(B, S)).astype(np.int32)
+    ids = random_ids(config.vocab_size, B, S, seed)
 
     log(f"building the random MHA {preset_name} model and its conversions to K = {ks} ...")
     models = build_models(config, ks, seed, log)

@@ -306,8 +306,7 @@ def run_step_bench(
     config = preset(preset_name, dtype=dtype, param_dtype=dtype)
     ks = bench.parse_kv_heads(kv_heads, config.num_heads)
     models = bench.build_models(config, ks, seed, log)
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(2, config.vocab_size, size=(batch, input_len), dtype=np.int64).astype(np.int32)
+    ids = bench.random_ids(config.vocab_size, batch, input_len, seed)  # bench decode's inputs
     log("measuring read bandwidth ...")
     probes = bench.probe_sizes(config.d_model, config.vocab_size)
     bandwidth = bench.measure_read_bandwidth(batch, probes["shapes"], jnp.dtype(dtype), 10, probes["big"])
@@ -320,7 +319,7 @@ def run_step_bench(
     }
     for k in sorted(models, reverse=True):
         log(f"K = {k}: compile, time and trace the greedy loop ...")
-        k_config, model = models[k]
+        _, model = models[k]
         res["models"][k] = profile_loop(nnx.split(model), ids, new_tokens)
         log(f"K = {k}: {res['models'][k]['wall_step_s'] * 1e3:.1f} ms per step")
     return res

@@ -1,29 +1,38 @@
 """Pre-train a T5.1.1 model from scratch with span corruption (T5's objective).
 
-    python -m gqa_jax train --config configs/pretrain.py --workdir runs/pretrain_tiny
+    python -m gqa_jax data build-suite     # once: the stdlib suite and its vocabulary (~1 min)
+    python -m gqa_jax train --config configs/pretrain.py --workdir runs/pt \\
+        --config.num_train_steps=400 --config.batch_size=16 --config.input_length=128
+
+That is README's measured run: the tiny preset on ``stdlib_span``, 400 steps of batch 16 at 128
+input tokens, about 4.5 minutes on 2 CPU cores (other jobs alongside); train loss 8.44 at step
+10, dev loss 5.43 at step 100 and 4.85 at step 400. Its ``runs/pt/model`` is what
+configs/uptrain.py and configs/finetune.py start from.
+
+Defaults (without the overrides: no measured numbers): the tiny preset on the embedded
+``stdlib_span`` corpus, 1000 steps of batch 32 packed rows at the task's lengths, Adafactor with
+T5's rsqrt schedule (10k warm-up steps), no dropout. A paper-size run, e.g.
+
     python -m gqa_jax train --config configs/pretrain.py:model=small,task=c4_span --workdir DIR \\
         --config.vocab=/path/to/t5/sentencepiece.model
 
-Defaults: the tiny preset on the embedded ``stdlib_span`` corpus (build it first with
-``python -m gqa_jax data build-suite``), batch 32 packed rows of 512/114 tokens, Adafactor with
-T5's rsqrt schedule (10k warm-up steps), no dropout. Variant keys: ``model`` (a preset),
-``task``, ``kv`` (num_kv_heads of the grouped attentions), ``steps``.
+Variant keys: ``model`` (a preset), ``task``, ``kv`` (num_kv_heads of the grouped attentions),
+``steps``. The fields and their defaults: configs/base.py.
 """
 
-from gqa_jax.run_config import base_train_config, parse_variant
+from pathlib import Path
+
+from gqa_jax import run_config
 
 
 def get_config(variant: str = ""):
-    v = parse_variant(variant)
-    c = base_train_config()
+    base = run_config.load_module(Path(__file__).with_name("base.py"))  # configs load by path
+    v = base.parse_variant(variant, ("task", "model", "kv", "steps"), __file__)
+    c = base.get_config()
     c.recipe = "pretrain"
-    c.task = v.pop("task", "stdlib_span")
-    c.model.preset = v.pop("model", "tiny")
+    c.task = v.get("task", "stdlib_span")
+    c.model.preset = v.get("model", "tiny")
     if "kv" in v:
-        c.model.num_kv_heads = int(v.pop("kv"))
-    c.num_train_steps = int(v.pop("steps", 1000))
-    if v:
-        raise ValueError(
-            f"configs/pretrain.py: unknown variant keys {sorted(v)}; known: task, model, kv, steps"
-        )
+        c.model.num_kv_heads = int(v["kv"])
+    c.num_train_steps = int(v.get("steps", 1000))
     return c

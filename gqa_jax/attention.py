@@ -9,7 +9,8 @@ as in the paper). K/V are never repeated to N heads: queries are regrouped to
 ``[B, K, M, H]`` with ``M = G * T`` rows per K/V head and contract against ``[B, K, S, H]``
 directly, so a decode step reads K/N of the MHA key/value bytes. K/V are laid out
 ``[B, K, S, H]`` (the KV-cache layout), which measured faster than ``[B, S, K, H]`` for decode
-on CPU (see DESIGN.md).
+on CPU (docs/decoding.md). One decoded position on one CPU device may take the group's
+heads one at a time instead (``cpu_step.attention_by_head``).
 
 T5 rule: logits are NOT scaled by 1/sqrt(H); T5 folds that factor into the query initializer.
 """
@@ -20,15 +21,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gqa_jax import cpu_step
 from gqa_jax.config import ModelConfig
-from gqa_jax.layers import dropout, dtype_of, fan_in_init, project, project_many, stepping
+from gqa_jax.layers import dropout, dtype_of, fan_in_init, project, project_many
 from gqa_jax.sharding import constrain
 
 Array = jax.Array
-
-# A CPU decode step splits a group's query heads up to this many (``_one_position_by_head``);
-# larger groups (MQA at xxl: 64) keep one product per K/V head (the unrolled graph would grow).
-STEP_MAX_GROUP = 8
 
 # Large negative logit for masked keys: exp() of it is exactly 0 in float32, and a fully
 # masked row stays finite (uniform) instead of NaN.
@@ -60,8 +58,8 @@ def grouped_attention(
     if N % K:
         raise ValueError(f"grouped_attention: query heads N={N} not divisible by K/V heads K={K}")
     G = N // K
-    if stepping() and T == 1 and 1 < G <= STEP_MAX_GROUP and (rngs is None or dropout_rate == 0.0):
-        return _one_position_by_head(q, k, v, bias=bias, mask=mask)
+    if cpu_step.by_head(T, G, dropout=rngs is not None and dropout_rate > 0.0):
+        return cpu_step.attention_by_head(q, k, v, bias=bias, mask=mask, mask_value=MASK_VALUE)
     # Query head n = (n // G, n % G). A group's G heads and T positions become M = G * T rows
     # (row m = g * T + t) of one [M, H] x [H, S] product per (batch, K/V head): plain 4-D
     # einsums, measured 1.5-2x faster on CPU than contracting [B, T, K, G, H] directly.
@@ -77,36 +75,6 @@ def grouped_attention(
     probs = dropout(probs, dropout_rate, rngs)
     out = jnp.einsum("BKMS,BKSH->BKMH", probs, v)  # [B, K, M, H]
     return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
-
-
-def _one_position_by_head(q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None) -> Array:
-    """:func:`grouped_attention` of one query position (``T = 1``), one query head of each
-    group at a time: G products ``[B, K, H] x [B, K, S, H]`` instead of one with G rows per K/V
-    head. A CPU decode step takes this path (inside ``layers.step_matmuls``, 1 < G <=
-    ``STEP_MAX_GROUP``): XLA:CPU runs a batched product with 2-6 rows per batch entry at 3-4 GB/s
-    of cache read and a one-row one at 10-14 GB/s (``bench step``), so reading each K/V block G
-    times (the later reads from the caches) is faster. t5-small's shape, batch 8, input 512, 64
-    tokens, the two compiled loops timed in turn: GQA-3 4.33 -> 3.91 s end to end, MQA 3.76 ->
-    3.66 s (MHA, G = 1, is unchanged). Same sums per head: the tokens are identical. ``bias
-    [..., N, 1, S]``, ``mask`` broadcastable to ``[B, 1, S]``."""
-    B, _, N, H = q.shape
-    K, S = k.shape[1], k.shape[2]
-    G = N // K
-    qg = q.reshape(B, K, G, H)  # [B, K, G, H]: query head n = (n // G, n % G)
-    if bias is not None:
-        bias = jnp.broadcast_to(bias, (B, N, 1, S)).reshape(B, K, G, S).astype(jnp.float32)
-    if mask is not None:
-        mask = jnp.broadcast_to(mask, (B, 1, S))  # [B, 1, S]: every K/V head
-    outs = []
-    for g in range(G):
-        logits = jnp.einsum("BKH,BKSH->BKS", qg[:, :, g], k, preferred_element_type=jnp.float32)
-        if bias is not None:
-            logits = logits + bias[:, :, g]
-        if mask is not None:
-            logits = jnp.where(mask, logits, MASK_VALUE)
-        probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, K, S]
-        outs.append(jnp.einsum("BKS,BKSH->BKH", probs, v))  # [B, K, H]
-    return jnp.stack(outs, axis=2).reshape(B, 1, N, H)
 
 
 class Attention(nnx.Module):

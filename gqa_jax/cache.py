@@ -9,20 +9,23 @@ A decoder layer caches keys and values for two attentions, both at ``K`` heads (
 - cross-attention: ``[B, K, S, H]`` keys + values per layer over the encoder output,
   ``K = config.kv_heads("cross")``, computed once per input.
 
-So (PAPER.md) ``bytes = 2 (K and V) x L x B x length x K x H x itemsize``: doubling a length
+So (the paper's section 2) ``bytes = 2 (K and V) x L x B x length x K x H x itemsize``: doubling a length
 doubles its part, halving ``K`` halves it, and GQA-K holds ``K / N`` of the MHA bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
+from gqa_jax import sharding
 from gqa_jax.config import ModelConfig
-from gqa_jax.sharding import constrain
 
 Array = jax.Array
 
@@ -97,14 +100,15 @@ def empty_self_cache(
 ) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
     """Zeroed self-attention keys and values: per layer ``[B, K_self, T_max, H]``."""
     shape = (batch, config.kv_heads("decoder_self"), max_decode_len, config.head_dim)
-    keys = tuple(constrain(jnp.zeros(shape, dtype), "kv") for _ in range(config.num_decoder_layers))
-    return keys, tuple(constrain(jnp.zeros(shape, dtype), "kv") for _ in range(config.num_decoder_layers))
+    L = config.num_decoder_layers
+    keys = tuple(sharding.constrain(jnp.zeros(shape, dtype), "kv") for _ in range(L))
+    return keys, tuple(sharding.constrain(jnp.zeros(shape, dtype), "kv") for _ in range(L))
 
 
 def write(cache: Array, new: Array, index: Array) -> Array:
     """Write ``new [B, K, T, H]`` into ``cache [B, K, T_max, H]`` at each row's ``index [B]``."""
     update = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))
-    return constrain(update(cache, new.astype(cache.dtype), index), "kv")
+    return sharding.constrain(update(cache, new.astype(cache.dtype), index), "kv")
 
 
 def cache_bytes(cache: KVCache) -> dict[str, int]:
@@ -129,3 +133,33 @@ def check_cache(config: ModelConfig, cache: KVCache) -> None:
                 )
     if problems:
         raise ValueError("KV cache was built for another config: " + "; ".join(problems))
+
+
+def cache_layout(
+    config: Any,
+    mesh: Any,
+    batch: int,
+    input_len: int,
+    output_len: int,
+    dtype: Any,
+    rules: Mapping[str, str | None] = sharding.RULES,
+) -> tuple[dict[str, Any], list[sharding.Replication]]:
+    """How a decode cache ``[B, K, length, H]`` per layer lies on ``mesh``: per kind (``self``,
+    ``cross``) its ``PartitionSpec``, the formula's total bytes, the shards, and the bytes each
+    device holds (``total / shards``; a replicated K/V-head axis is not divided). Also the
+    replicated K/V-head axes (``replication_report`` states the waste)."""
+    size = np.dtype(dtype).itemsize
+    total = expected_cache_bytes(config, batch, input_len, output_len, dtype)
+    out: dict[str, Any] = {}
+    replicated: list[sharding.Replication] = []
+    for kind, attn, length in (("self", "decoder_self", output_len), ("cross", "cross", input_len)):
+        shape = (batch, config.kv_heads(attn), length, config.head_dim)
+        found: list[sharding.Replication] = []
+        axes = sharding.ACTIVATION_AXES["kv"]
+        ps = sharding.spec(axes, shape, mesh, rules, name=f"cache.{kind}", itemsize=size, replicated=found)
+        n = sharding.shards(ps, mesh)
+        per_device = total[kind] // n
+        for r in found:  # the bytes a device holds of this kind's cache, over all layers, K and V
+            replicated.append(dataclasses.replace(r, bytes_per_device=per_device))
+        out[kind] = {"spec": ps, "total_bytes": total[kind], "shards": n, "bytes_per_device": per_device}
+    return out, replicated

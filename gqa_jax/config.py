@@ -184,3 +184,17 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
         raise ValueError(f"unknown preset {name!r}; known: {list(PRESETS)}")
     base.update(overrides)
     return ModelConfig(**base)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """The static settings of a compiled decode loop (hashable: ``jax.jit`` compiles once per
+    value). ``greedy=False`` samples at the loop's traced temperature, restricted to the top
+    ``top_k`` tokens (0: all) and the ``top_p`` nucleus; ``return_logits`` keeps every step's."""
+
+    max_decode_len: int
+    eos_id: int = 1
+    greedy: bool = True
+    top_k: int = 0
+    top_p: float = 1.0
+    return_logits: bool = False

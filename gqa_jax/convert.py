@@ -48,17 +48,17 @@ import numpy as np
 from flax import nnx
 from flax.nnx import traversals
 
+from gqa_jax import __version__, checkpoints
+from gqa_jax.checkpoints.orbax import MARKER
 from gqa_jax.config import ATTENTION_KINDS, ModelConfig
 from gqa_jax.layers import fan_in_init
-from gqa_jax.model import T5
+from gqa_jax.model import T5, FlatParams, Path_, build, check_params, dotted, flat_params
 
 METHODS = ("mean", "first", "random")
 DEFAULT_ATTENTIONS = ("decoder_self", "cross")  # the paper's (section 3.1)
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = {"format": "gqa_jax.convert", "version": 1}
 
-Path_ = tuple[Any, ...]  # a parameter path, e.g. ("decoder", "layers", 0, "self_attn", "key")
-FlatParams = dict[Path_, Any]
 
 # Where each attention kind lives in the parameter tree: (stack, module under stack.layers[i]).
 _LOCATIONS = {"encoder_self": ("encoder", "attn"), "decoder_self": ("decoder", "self_attn")}
@@ -87,7 +87,7 @@ def to_grouped(
       seed: used by ``random`` only.
     Returns:
       ``(params, config, manifest)``: the new parameters as a pure nested dict (load them with
-      :func:`to_model`), the new ``ModelConfig``, and a JSON-able record of the conversion
+      :func:`gqa_jax.model.build`), the new ``ModelConfig``, and a JSON-able record of the conversion
       (method, seed, configs, group map, content hashes of the source and the result).
     """
     if method not in METHODS:
@@ -97,8 +97,8 @@ def to_grouped(
         raise ValueError(f"to_grouped: seed={seed!r} must be an integer in [0, 2**32)")
     attentions = _normalize_attentions(attentions)
     new_config = target_config(config, num_kv_heads, attentions)
-    source = _flat_params(model_or_params)
-    _check_params(source, config, "source")
+    source = flat_params(model_or_params)
+    check_params(source, config, "source")
 
     K2 = num_kv_heads
     params: FlatParams = {}
@@ -187,29 +187,16 @@ def content_hash(model_or_params: T5 | nnx.State | dict) -> str:
     Independent of where the parameters came from (file format, device): two models hash
     equal exactly when their parameters are bit-identical.
     """
-    return _hash(_flat_params(model_or_params))
+    return _hash(flat_params(model_or_params))
 
 
 def _hash(flat: FlatParams) -> str:
     digest = hashlib.sha256()
-    for name, value in sorted(((_dotted(p), v) for p, v in flat.items()), key=lambda item: item[0]):
+    for name, value in sorted(((dotted(p), v) for p, v in flat.items()), key=lambda item: item[0]):
         a = np.ascontiguousarray(np.asarray(value))
         digest.update(f"{name}\n{a.dtype.name}\n{list(a.shape)}\n".encode())
         digest.update(a.tobytes())
     return digest.hexdigest()
-
-
-def to_model(params: dict, config: ModelConfig) -> T5:
-    """A ``T5`` holding ``params`` (a pure nested dict), without a random initialization first."""
-    flat = _flat_params(params)
-    _check_params(flat, config, "params")
-    model = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))  # shapes only
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(
-        state, traversals.unflatten_mapping({p: jnp.asarray(v) for p, v in flat.items()})
-    )
-    nnx.update(model, state)
-    return model
 
 
 # ------------------------------------------------------------------------------------ files
@@ -219,9 +206,6 @@ def load_source(path: str | os.PathLike) -> tuple[T5, ModelConfig, str]:
     Our checkpoints are recognized by ``checkpoint.json``, HF T5 directories by a ``config.json``
     holding ``d_kv`` next to safetensors weights.
     """
-    from gqa_jax import checkpoints
-    from gqa_jax.checkpoints.orbax import MARKER
-
     path = Path(path).expanduser().absolute()
     if not path.exists():
         raise FileNotFoundError(f"source {path} does not exist")
@@ -253,8 +237,6 @@ def convert_checkpoint(
     then only a gqa_jax checkpoint is replaced). The destination appears complete or not at all.
     Returns ``(dst, manifest)``.
     """
-    from gqa_jax import checkpoints
-
     src_path = Path(src).expanduser().resolve()
     dst_path = Path(dst).expanduser().resolve()
     if src_path == dst_path or src_path in dst_path.parents or dst_path in src_path.parents:
@@ -278,7 +260,7 @@ def convert_checkpoint(
     }
     text = json.dumps(manifest, indent=2) + "\n"
     path = checkpoints.save(
-        to_model(params, new_config), dst_path, overwrite=overwrite, extra_files={MANIFEST: text}
+        build(new_config, params), dst_path, overwrite=overwrite, extra_files={MANIFEST: text}
     )
     return path, manifest
 
@@ -290,8 +272,6 @@ def check_conversion(dst: str | os.PathLike) -> list[str]:
     gives the destination's config, group map and parameters bit for bit, and that the
     destination's parameters hash as recorded.
     """
-    from gqa_jax import checkpoints
-
     dst_path = Path(dst).expanduser().absolute()
     if not (dst_path / MANIFEST).is_file():
         raise ValueError(f"{dst_path} has no {MANIFEST}: it is not a checkpoint written by convert")
@@ -322,14 +302,14 @@ def check_conversion(dst: str | os.PathLike) -> list[str]:
             problems.append(f"manifest {key} differs from the re-derived conversion")
     if new_config != config:
         problems.append(f"config.json differs from the re-derived config: {new_config.to_dict()}")
-    want, got = _flat_params(params), _flat_params(model)
-    for path in sorted(want.keys() | got.keys(), key=_dotted):
+    want, got = flat_params(params), flat_params(model)
+    for path in sorted(want.keys() | got.keys(), key=dotted):
         if path not in want or path not in got:
-            problems.append(f"{_dotted(path)}: present in only one of destination / re-derived")
+            problems.append(f"{dotted(path)}: present in only one of destination / re-derived")
             continue
         a, b = np.asarray(want[path]), np.asarray(got[path])
         if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
-            problems.append(f"{_dotted(path)}: differs from the re-derived conversion")
+            problems.append(f"{dotted(path)}: differs from the re-derived conversion")
     return problems
 
 
@@ -354,47 +334,9 @@ def _attention_kind(path: Path_) -> str | None:
     return None
 
 
-def _flat_params(model_or_params: T5 | nnx.State | dict) -> FlatParams:
-    """``{path: array}`` of a model, its Param state or a pure nested dict (digit keys -> ints)."""
-    if isinstance(model_or_params, nnx.Module):
-        model_or_params = nnx.state(model_or_params, nnx.Param)
-    if isinstance(model_or_params, nnx.State):
-        model_or_params = nnx.to_pure_dict(model_or_params)
-    if not isinstance(model_or_params, dict):
-        raise ValueError(
-            "expected a T5, an nnx.State or a nested dict of parameters, "
-            f"got {type(model_or_params).__name__}"
-        )
-    flat = traversals.flatten_mapping(model_or_params)
-    return {tuple(int(k) if isinstance(k, str) and k.isdigit() else k for k in p): v for p, v in flat.items()}
-
-
-def _check_params(flat: FlatParams, config: ModelConfig, what: str) -> None:
-    """Raise a ValueError naming every parameter missing, extra, or with another shape / dtype."""
-    abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
-    expected = _flat_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
-    problems = [f"{_dotted(p)}: missing" for p in sorted(expected.keys() - flat.keys(), key=_dotted)]
-    problems += [
-        f"{_dotted(p)}: not in the model" for p in sorted(flat.keys() - expected.keys(), key=_dotted)
-    ]
-    for p in sorted(expected.keys() & flat.keys(), key=_dotted):
-        want, got = expected[p], flat[p]
-        if tuple(want.shape) != tuple(np.shape(got)) or jnp.dtype(want.dtype) != jnp.dtype(got.dtype):
-            problems.append(
-                f"{_dotted(p)}: config expects {tuple(want.shape)} {want.dtype}, "
-                f"got {tuple(np.shape(got))} {got.dtype}"
-            )
-    if problems:
-        raise ValueError(f"{what} do not match the config:\n  " + "\n  ".join(problems))
-
-
-def _dotted(path: Path_) -> str:
-    return ".".join(map(str, path))
-
-
 def _path_key(seed: int, path: Path_) -> jax.Array:
     """A PRNG key from the seed and the parameter's path (stable across runs and machines)."""
-    tag = int.from_bytes(hashlib.sha256(_dotted(path).encode()).digest()[:4], "little") & 0x7FFFFFFF
+    tag = int.from_bytes(hashlib.sha256(dotted(path).encode()).digest()[:4], "little") & 0x7FFFFFFF
     return jax.random.fold_in(jax.random.key(seed), tag)
 
 
@@ -411,8 +353,6 @@ def _looks_like_hf(path: Path) -> bool:
 
 
 def _version() -> str:
-    from gqa_jax import __version__
-
     return __version__
 
 

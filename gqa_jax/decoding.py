@@ -1,4 +1,4 @@
-"""KV-cached decoding: prefill, a pure decode step, greedy / sampling loops, and beam search.
+"""KV-cached decoding: prefill, a pure decode step, the compiled greedy / sampling loop.
 
 Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = max_decode_len),
 ``N`` query heads, ``K`` K/V heads, ``H`` head dim, ``V`` vocab, ``W`` beams.
@@ -7,13 +7,13 @@ Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = ma
   the cache (at K heads), plus an empty self-attention cache of ``T_max`` positions.
 - ``decode_step(model, state) -> state`` is pure and jittable alone: it feeds each row's last
   token, writes its K/V at the row's cache index, and picks the next token (greedy or sampled).
-- ``greedy_decode`` / ``sample_decode`` run ``decode_step`` in a ``lax.while_loop`` under
-  ``jax.jit``; the decoder starts from the pad id 0, rows that emitted EOS keep emitting pad,
+- ``decode_loop`` (public, jitted; its static settings are a frozen ``DecodeConfig``) runs
+  ``decode_step`` in a ``lax.while_loop``; ``greedy_decode`` / ``sample_decode`` check the inputs
+  on the host and call it. The decoder starts from the pad id 0, rows that emitted EOS keep emitting pad,
   and the loop stops as soon as every row is done.
 - ``uncached_greedy_decode`` re-runs the whole teacher-forced decoder each step: the reference
   for tests and the "without cache" row of the benchmark.
-- ``beam_search``: T5X-style length penalty ``((5 + length) / 6) ** alpha``; the beams'
-  self-attention caches are reordered every step (cross K/V are identical across a row's beams).
+- Beam search is in ``gqa_jax.beam_search``, over the same step and plumbing.
 
 Every function takes the model as a ``T5`` module or as its ``(graphdef, state)`` split; the
 jitted cores take the split (``nnx.merge`` inside ``jit``).
@@ -22,7 +22,7 @@ Sharded decoding: pass ``mesh=`` (``gqa_jax.sharding.make_mesh``). Parameters ar
 rule table, input rows split over ``data``, and the loop is traced inside
 ``sharding.activation_sharding`` so the cache is held at K/V-head granularity over ``model``
 (when ``K % model == 0``; replicated otherwise). On several processes pass the inputs as a
-global array (``sharding.global_batch``); results are global arrays (``sharding.to_host``).
+global array (``distributed.global_batch``); results are global arrays (``distributed.to_host``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ import numpy as np
 from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
-from gqa_jax import layers
+from gqa_jax import cpu_step
 from gqa_jax import sharding as sharding_lib
+from gqa_jax.config import DecodeConfig, ModelConfig
+from gqa_jax.log import log_once
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID, T5
 
 Array = jax.Array
@@ -69,29 +71,22 @@ class DecodeResult:
 
 
 # ------------------------------------------------------------------------ model plumbing
-def _split(model: ModelLike) -> tuple[Any, Any]:
+def as_split(model: ModelLike) -> tuple[Any, Any]:
     return nnx.split(model) if isinstance(model, T5) else model
 
 
-def _config(model: ModelLike):
+def config_of(model: ModelLike) -> ModelConfig:
     return model.config if isinstance(model, T5) else nnx.merge(*model).config
 
 
-def _mesh_context(mesh: Any, rules: Any) -> Any:
+def mesh_context(mesh: Any, rules: Any) -> Any:
     """Inside a jitted core: the activation-sharding context of a static ``(mesh, rules)``."""
     if mesh is None:
         return contextlib.nullcontext()
     return sharding_lib.activation_sharding(mesh, dict(rules) if rules else sharding_lib.RULES)
 
 
-def _fast_steps(mesh: Any) -> bool:
-    """Whether a loop's step takes its few-row weight products out-major (``layers.project``)
-    and its prefill encodes in chunks of rows (``prefill``'s ``chunked``): on the CPU,
-    one device (XLA:CPU's layouts and caches; GPUs and meshes keep the batched einsums)."""
-    return mesh is None and jax.default_backend() == "cpu"
-
-
-def _place(
+def place(
     params: Any, ids: Array, mesh: Any, rules: Any, config: Any, max_decode_len: int, beams: int = 1
 ) -> tuple[Any, Array]:
     """Params by the rule table and input rows over ``data`` (a no-op for arrays already placed);
@@ -102,11 +97,11 @@ def _place(
     sharding_lib.check_rules(rules, mesh)
     sharding_lib.check_batch({"encoder_input_ids": ids}, mesh)
     params = sharding_lib.shard_params(params, mesh, rules)
-    _, replicated = sharding_lib.cache_layout(
+    _, replicated = kvcache.cache_layout(
         config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, config.dtype, rules
     )
     if replicated:  # the paper's section 2.2 waste, stated once per shape
-        sharding_lib.log_once(
+        log_once(
             (config, mesh.shape_tuple, ids.shape, max_decode_len, beams),
             f"KV cache on mesh {dict(mesh.shape)}: " + sharding_lib.replication_report(replicated),
         )
@@ -150,32 +145,19 @@ def validate_inputs(
     return ids.astype(jnp.int32) if spread else jnp.asarray(ids, jnp.int32)
 
 
-# Tokens per chunk of prefill's row-chunked encoder (CPU). T5-small on 2 CPU cores, encoder time:
-# 8 x 512 tokens 2.10 s batched, 1.84 s in chunks of 2 rows; 32 x 128: 1.76 s, 1.58 s in chunks of
-# 8; 8 x 1024: 6.55 s, 5.15 s row by row.
-ENCODE_CHUNK_TOKENS = 1024
-
-
-def encode_chunk_rows(batch: int, input_len: int) -> int:
-    """Rows per chunk of the chunked encoder: the largest divisor of ``batch`` whose chunk holds at
-    most ``ENCODE_CHUNK_TOKENS`` tokens (at least 1 row; ``batch`` itself means no chunking)."""
-    fits = [r for r in range(1, batch + 1) if batch % r == 0 and r * input_len <= ENCODE_CHUNK_TOKENS]
-    return max(fits, default=1)
-
-
 def prefill(
     model: T5, encoder_input_ids: Array, max_decode_len: int, *, chunked: bool = False
 ) -> kvcache.KVCache:
     """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``.
 
     ``chunked`` (the CPU loops): encode a few rows at a time (``lax.map`` over chunks of at most
-    ``ENCODE_CHUNK_TOKENS`` tokens, :func:`encode_chunk_rows`), so a chunk's activations and
+    ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens, ``cpu_step.encode_chunk_rows``), so a chunk's activations and
     ``[N, S, S]`` attention logits stay in the CPU caches through a layer instead of the whole
     batch's streaming through memory at every op. The numbers agree with the batched encoder to
     float32 rounding (products of other shapes sum in another order)."""
     config = model.config
     B, S = encoder_input_ids.shape
-    rows = encode_chunk_rows(B, S) if chunked else B
+    rows = cpu_step.encode_chunk_rows(B, S) if chunked else B
     if rows < B:
         chunks = encoder_input_ids.reshape(B // rows, rows, S)
         encoded = jax.lax.map(model.encode, chunks).reshape(B, S, -1)  # [B, S, D]
@@ -263,56 +245,45 @@ def decode_step(
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "graphdef",
-        "max_decode_len",
-        "eos_id",
-        "greedy",
-        "top_k",
-        "top_p",
-        "return_logits",
-        "mesh",
-        "rules",
-    ),
-)
-def _decode_loop(
-    graphdef,
-    params,
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "mesh", "rules"))
+def decode_loop(
+    graphdef: Any,
+    params: Any,
     encoder_input_ids: Array,
     key: Array,
     temperature: Array,
     *,
-    max_decode_len: int,
-    eos_id: int,
-    greedy: bool,
-    top_k: int,
-    top_p: float,
-    return_logits: bool,
+    config: DecodeConfig,
     mesh: Any = None,
     rules: Any = None,
 ) -> DecodeState:
-    """The jitted loop: ``temperature`` is traced (no recompile per value), the rest static.
-    With a ``mesh`` the trace runs under its activation sharding (cache sharded by the rules)."""
-    with _mesh_context(mesh, rules):
+    """The compiled greedy / sampling loop, prefill included: ``temperature`` is traced (no
+    recompile per value); ``config`` (a frozen ``DecodeConfig``), ``mesh`` and ``rules`` (as
+    ``sharding.rules_key`` gives them) are static. With a ``mesh`` the trace runs under its
+    activation sharding (cache sharded by the rules). On one CPU device it takes the CPU fast
+    path (``cpu_step``). ``greedy_decode`` / ``sample_decode`` check inputs and call this; call it
+    directly to ``.lower()`` the loop (``plan``, the benchmarks)."""
+    fast = cpu_step.use_for(mesh)
+    with mesh_context(mesh, rules):
         model = nnx.merge(graphdef, params)
-        cache = prefill(model, encoder_input_ids, max_decode_len, chunked=_fast_steps(mesh))
-        state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=return_logits)
+        cache = prefill(model, encoder_input_ids, config.max_decode_len, chunked=fast)
+        state = init_state(
+            cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits
+        )
 
         def step(s: DecodeState) -> DecodeState:
-            with layers.step_matmuls(_fast_steps(mesh)):
+            with cpu_step.step(fast):
                 return decode_step(
                     model,
                     s,
-                    eos_id=eos_id,
-                    temperature=0.0 if greedy else temperature,
-                    top_k=top_k,
-                    top_p=top_p,
+                    eos_id=config.eos_id,
+                    temperature=0.0 if config.greedy else temperature,
+                    top_k=config.top_k,
+                    top_p=config.top_p,
                 )
 
         def running(s: DecodeState) -> Array:
-            return (s.step < max_decode_len) & ~jnp.all(s.done)
+            return (s.step < config.max_decode_len) & ~jnp.all(s.done)
 
         return jax.lax.while_loop(running, step, state)
 
@@ -367,9 +338,9 @@ def sample_decode(
 ) -> DecodeResult:
     """Sampling with temperature / top-k / top-p and an explicit PRNG ``key`` (same key, same
     samples). ``temperature=0`` is greedy."""
-    graphdef, params = _split(model)
+    graphdef, params = as_split(model)
     ids = validate_inputs(
-        _config(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
+        config_of(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
     )
     if temperature < 0 or not 0.0 < top_p <= 1.0 or top_k < 0:
         raise ValueError(
@@ -377,19 +348,22 @@ def sample_decode(
         )
     if temperature > 0 and key is None:
         raise ValueError("sampling needs an explicit PRNG key: sample_decode(..., key=jax.random.key(0))")
-    params, ids = _place(params, ids, mesh, rules, _config(model), int(max_decode_len))
-    state = _decode_loop(
-        graphdef,
-        params,
-        ids,
-        jax.random.key(0) if key is None else key,
-        jnp.float32(temperature),
+    params, ids = place(params, ids, mesh, rules, config_of(model), int(max_decode_len))
+    config = DecodeConfig(
         max_decode_len=int(max_decode_len),
         eos_id=int(eos_id),
         greedy=temperature == 0.0,
         top_k=int(top_k),
         top_p=float(top_p),
         return_logits=return_logits,
+    )
+    state = decode_loop(
+        graphdef,
+        params,
+        ids,
+        jax.random.key(0) if key is None else key,
+        jnp.float32(temperature),
+        config=config,
         mesh=mesh,
         rules=sharding_lib.rules_key(rules),
     )
@@ -448,158 +422,11 @@ def uncached_greedy_decode(
     model: ModelLike, encoder_input_ids: Any, max_decode_len: int, eos_id: int = EOS_ID
 ) -> DecodeResult:
     """Greedy decoding without a cache: the full decoder over the whole prefix at every step."""
-    graphdef, params = _split(model)
+    graphdef, params = as_split(model)
     ids = validate_inputs(
-        _config(model), encoder_input_ids, max_decode_len, max_input_len=None, truncate=False
+        config_of(model), encoder_input_ids, max_decode_len, max_input_len=None, truncate=False
     )
     tokens, lengths, logits = _uncached_loop(
         graphdef, params, ids, max_decode_len=int(max_decode_len), eos_id=int(eos_id)
     )
     return DecodeResult(tokens=tokens, lengths=lengths, logits=logits)
-
-
-# ---------------------------------------------------------------------------- beam search
-def length_penalty(length: Array, alpha: float) -> Array:
-    """T5X / GNMT: ``((5 + length) / 6) ** alpha``."""
-    return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
-
-
-@struct.dataclass
-class BeamState:
-    cache: kvcache.KVCache  # B * W rows, row b * W + w
-    alive_seqs: Array  # [B, W, T_max]
-    alive_logp: Array  # [B, W] summed log-probabilities (-inf for empty slots)
-    fin_seqs: Array  # [B, W, T_max]
-    fin_scores: Array  # [B, W] length-penalized (-inf for empty slots)
-    fin_lengths: Array  # [B, W]
-    step: Array  # []
-
-
-def _gather_beams(x: Array, beams: Array) -> Array:
-    """``x [B, W_in, ...]``, ``beams [B, W_out]`` -> ``[B, W_out, ...]``."""
-    return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "mesh", "rules"),
-)
-def _beam_loop(
-    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, mesh=None, rules=None
-):
-    with _mesh_context(mesh, rules):
-        return _beam_body(
-            graphdef, params, encoder_input_ids,
-            max_decode_len=max_decode_len, beam_size=beam_size, alpha=alpha, eos_id=eos_id,
-            fast_steps=_fast_steps(mesh),
-        )  # fmt: skip
-
-
-def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, fast_steps):
-    model = nnx.merge(graphdef, params)
-    B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
-    cache = prefill(model, encoder_input_ids, max_decode_len, chunked=fast_steps)  # encode B rows once ...
-    cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)  # ... then W beams per row
-    kv = functools.partial(sharding_lib.constrain, kind="kv")
-    cache = cache.replace(
-        **{f: tuple(map(kv, getattr(cache, f))) for f in ("self_k", "self_v", "cross_k", "cross_v")}
-    )
-    neg_inf = jnp.full((B, W), -jnp.inf)
-    state = BeamState(
-        cache=cache,
-        alive_seqs=jnp.zeros((B, W, T_max), jnp.int32),
-        alive_logp=neg_inf.at[:, 0].set(0.0),  # one live beam at first: no duplicate hypotheses
-        fin_seqs=jnp.zeros((B, W, T_max), jnp.int32),
-        fin_scores=neg_inf,
-        fin_lengths=jnp.zeros((B, W), jnp.int32),
-        step=jnp.zeros((), jnp.int32),
-    )
-    rows = jnp.arange(B)[:, None] * W  # [B, 1]
-
-    def step(s: BeamState) -> BeamState:
-        t = s.step
-        last = jnp.where(
-            t == 0, DECODER_START_ID, jax.lax.dynamic_index_in_dim(s.alive_seqs, t - 1, 2, False)
-        )
-        with layers.step_matmuls(fast_steps):
-            logits, cache = model.decode_cached(last.reshape(B * W, 1), s.cache)  # [B * W, 1, V]
-        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, V)
-        cand = (s.alive_logp[:, :, None] + logp).reshape(B, W * V)
-        # 2W candidates: at most W of them end in EOS, so W can stay alive.
-        cand_logp, flat = jax.lax.top_k(cand, 2 * W)  # [B, 2W]
-        parent, token = flat // V, (flat % V).astype(jnp.int32)
-        seqs = _gather_beams(s.alive_seqs, parent)
-        seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, t))  # [B, 2W, T_max]
-        # A hypothesis may finish only from the top W candidates (as in HF), so one beam
-        # without length penalty is exactly greedy.
-        ends = ((token == eos_id) | (t + 1 == T_max)) & (jnp.arange(2 * W) < W)
-        # Finished pool: keep the best W of the old finished and the newly finished.
-        new_scores = jnp.where(ends, cand_logp / length_penalty(t + 1, alpha), -jnp.inf)
-        scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)  # [B, 3W]
-        fin_scores, best = jax.lax.top_k(scores, W)
-        fin_seqs = _gather_beams(jnp.concatenate([s.fin_seqs, seqs], axis=1), best)
-        lengths = jnp.concatenate([s.fin_lengths, jnp.full((B, 2 * W), t + 1, jnp.int32)], axis=1)
-        fin_lengths = _gather_beams(lengths, best)
-        # Alive: the best W candidates that did not end in EOS; reorder their caches.
-        alive_logp, keep = jax.lax.top_k(jnp.where(token == eos_id, -jnp.inf, cand_logp), W)
-        alive_seqs = _gather_beams(seqs, keep)
-        src = (rows + _gather_beams(parent, keep)).reshape(B * W)  # cache row of each new beam
-        cache = cache.replace(
-            self_k=tuple(kv(x[src]) for x in cache.self_k), self_v=tuple(kv(x[src]) for x in cache.self_v)
-        )
-        return BeamState(cache, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_lengths, t + 1)
-
-    def running(s: BeamState) -> Array:
-        # A row is done when its worst kept finished hypothesis beats the best score any alive
-        # beam could still reach (log-probs only fall; the penalty is largest at T_max).
-        best_possible = s.alive_logp[:, 0] / length_penalty(jnp.asarray(T_max), alpha)
-        done = s.fin_scores[:, W - 1] >= best_possible
-        return (s.step < T_max) & ~jnp.all(done)
-
-    s = jax.lax.while_loop(running, step, state)
-    # Pad after EOS: positions past a hypothesis' length are pad.
-    positions = jnp.arange(T_max)[None, None, :]
-    tokens = jnp.where(positions < s.fin_lengths[:, :, None], s.fin_seqs, PAD_ID)
-    return tokens, s.fin_lengths, s.fin_scores
-
-
-def beam_search(
-    model: ModelLike,
-    encoder_input_ids: Any,
-    max_decode_len: int,
-    *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    eos_id: int = EOS_ID,
-    max_input_len: int | None = None,
-    truncate: bool = False,
-    mesh: Any = None,
-    rules: Any = None,
-) -> DecodeResult:
-    """Beam search; returns the ``beam_size`` best hypotheses per row, best first:
-    tokens ``[B, W, T_max]``, lengths ``[B, W]`` and scores ``log p / ((5 + len) / 6) ** alpha``.
-
-    A hypothesis ends at EOS or at ``max_decode_len``, and only a candidate ranked among the
-    step's top ``beam_size`` may end (as in HF). With ``alpha = 0`` one beam is exactly greedy
-    decoding; with ``alpha > 0`` a single beam may legitimately prefer a longer hypothesis than
-    greedy's, because the penalty rewards length.
-    """
-    graphdef, params = _split(model)
-    ids = validate_inputs(
-        _config(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
-    )
-    if beam_size < 1:
-        raise ValueError(f"beam_size={beam_size} must be >= 1")
-    params, ids = _place(params, ids, mesh, rules, _config(model), int(max_decode_len), int(beam_size))
-    tokens, lengths, scores = _beam_loop(
-        graphdef,
-        params,
-        ids,
-        max_decode_len=int(max_decode_len),
-        beam_size=int(beam_size),
-        alpha=float(alpha),
-        eos_id=int(eos_id),
-        mesh=mesh,
-        rules=sharding_lib.rules_key(rules),
-    )
-    return DecodeResult(tokens=tokens, lengths=lengths, scores=scores)

@@ -6,14 +6,13 @@ Letters: ``B`` batch, ``T`` query length, ``S`` key length, ``D`` d_model, ``F``
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gqa_jax import cpu_step
 from gqa_jax.config import ModelConfig
 from gqa_jax.sharding import constrain
 
@@ -29,82 +28,20 @@ def fan_in_init(fan_in: int, scale: float = 1.0):
 
 
 # ------------------------------------------------------------------ weight products
-_STEP = threading.local()
-STEP_ROWS = (2, 64)  # rows for which the out-major product measured faster on CPU (below)
-STEP_MIN_WEIGHT = 1 << 16  # elements: smaller weights sit in the CPU caches, layout barely matters
-
-
-@contextlib.contextmanager
-def step_matmuls(enabled: bool = True):
-    """While a decode loop's step is traced inside this context, :func:`project` computes
-    few-row weight products out-major (see there). Outside it, ``project`` is ``jnp.einsum``."""
-    before = getattr(_STEP, "on", False)
-    _STEP.on = enabled
-    try:
-        yield
-    finally:
-        _STEP.on = before
-
-
-def stepping() -> bool:
-    """Whether a trace runs inside :func:`step_matmuls` (a CPU decode loop's step)."""
-    return getattr(_STEP, "on", False)
-
-
-def _parse(spec: str, x: Array, w: Array) -> tuple[str, str, str, list[str], list[str], list[str], dict]:
-    """``"BTD,DF->BTF"`` -> the letters of x, w and the output; rows (x only), cols (w only),
-    inner (both) letters; every letter's size."""
-    x_letters, rest = spec.split(",")
-    w_letters, out_letters = rest.split("->")
-    rows = [c for c in x_letters if c not in w_letters]
-    cols = [c for c in w_letters if c not in x_letters]
-    inner = [c for c in x_letters if c in w_letters]
-    size = dict(zip(x_letters, x.shape, strict=True)) | dict(zip(w_letters, w.shape, strict=True))
-    return x_letters, w_letters, out_letters, rows, cols, inner, size
-
-
 def project(spec: str, x: Array, w: Array) -> Array:
-    """``jnp.einsum(spec, x, w)`` for an activation ``x`` and a weight ``w``.
-
-    Inside :func:`step_matmuls`, when ``x`` has 2 to 64 rows (the letters of ``x`` that ``w``
-    lacks) and ``w`` at least ``STEP_MIN_WEIGHT`` elements, the product is taken as
-    ``W [out, in] @ X.T [in, rows]``: on XLA:CPU a batch-8 product with a weight stored
-    ``[in, out]`` reads it at 4-5 GB/s on the 2-core VM, the same weight transposed and
-    contracted this way at 10-18 GB/s (measured for t5-small's shapes; the output layer
-    14 -> 7 ms). ``W`` is the weight transposed by an ``optimization_barrier`` (else XLA
-    folds the transpose back into the dot); inside a ``while_loop`` it is loop-invariant, so
-    XLA hoists it out and transposes once per decode. A second barrier keeps the product's
-    ``[out, rows]`` layout. Same sums, different order: results agree to float rounding.
-    """
+    """``jnp.einsum(spec, x, w)`` for an activation ``x`` and a weight ``w``; in a CPU decode step
+    (``cpu_step.step``) a few-row product is taken out-major (``cpu_step.out_major_products``)."""
     return project_many([spec], x, [w])[0]
 
 
 def project_many(specs: list[str], x: Array, ws: list[Array]) -> list[Array]:
-    """``[project(spec, x, w) ...]`` for several weights applied to the same ``x``; out-major
-    (inside :func:`step_matmuls`, 2 to 64 rows) the weights are stacked into one ``[out, in]``
-    matrix (stacked once per decode, like the transpose) and read by one product."""
-    parsed = [_parse(spec, x, w) for spec, w in zip(specs, ws, strict=True)]
-    x_letters, _, _, rows, _, inner, size = parsed[0]
-    n_rows = math.prod(size[c] for c in rows)
-    same = all(p[0] == x_letters and p[3] == rows and p[5] == inner for p in parsed)
-    big = sum(w.size for w in ws) >= STEP_MIN_WEIGHT  # tiny test models keep einsum (and compile faster)
-    if not (getattr(_STEP, "on", False) and STEP_ROWS[0] <= n_rows <= STEP_ROWS[1] and same and big):
-        return [jnp.einsum(spec, x, w) for spec, w in zip(specs, ws, strict=True)]
-    n_in = math.prod(size[c] for c in inner)
-    x2 = jnp.einsum(f"{x_letters}->{''.join(rows + inner)}", x).reshape(n_rows, n_in)
-    w2s = [
-        jnp.einsum(f"{w_letters}->{''.join(cols + inner)}", w).reshape(-1, n_in)
-        for (_, w_letters, _, _, cols, _, _), w in zip(parsed, ws, strict=True)
-    ]
-    w2 = jax.lax.optimization_barrier(jnp.concatenate(w2s) if len(w2s) > 1 else w2s[0])  # [out, in]
-    y = jax.lax.optimization_barrier(w2 @ x2.T).T  # [out, rows] computed, then [rows, out]
-    outs, at = [], 0
-    for (_, _, out_letters, _, cols, _, sz), w2_i in zip(parsed, w2s, strict=True):
-        n_out = w2_i.shape[0]
-        y_i = y[:, at : at + n_out].reshape(*(sz[c] for c in rows + cols))
-        outs.append(jnp.einsum(f"{''.join(rows + cols)}->{out_letters}", y_i))
-        at += n_out
-    return outs
+    """``[project(spec, x, w) ...]`` for several weights applied to the same ``x``; in a CPU decode
+    step the weights are stacked into one out-major product."""
+    if cpu_step.active():
+        out = cpu_step.out_major_products(specs, x, ws)
+        if out is not None:
+            return out
+    return [jnp.einsum(spec, x, w) for spec, w in zip(specs, ws, strict=True)]
 
 
 def dtype_of(name: str) -> jnp.dtype:

@@ -21,9 +21,13 @@ within one document the distance between two tokens is the same as in the packed
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from flax.nnx import traversals
 
 from gqa_jax import cache
 from gqa_jax.attention import Attention
@@ -296,3 +300,67 @@ def shift_right(target_ids: Array, segment_ids: Array | None = None) -> Array:
         prev = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
         shifted = jnp.where(segment_ids == prev, shifted, DECODER_START_ID)
     return shifted
+
+
+# ------------------------------------------------------------------------ building a model
+Path_ = tuple[Any, ...]  # a parameter path, e.g. ("decoder", "layers", 0, "self_attn", "key")
+FlatParams = dict[Path_, Any]
+
+
+def abstract(config: ModelConfig) -> T5:
+    """The model's structure with shape-only parameters: no memory, no random numbers drawn."""
+    return nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+
+
+def build(config: ModelConfig, params: Any = None, *, seed: int = 0) -> T5:
+    """The one way to make a model from a config: random weights from ``seed`` when ``params`` is
+    None; else a ``T5`` holding ``params`` (a model, its Param state or a pure nested dict as
+    ``nnx.to_pure_dict`` gives, arrays of any kind), with no random initialization first. Params
+    that do not match the config are one ``ValueError`` naming every mismatch."""
+    if params is None:
+        return T5(config, rngs=nnx.Rngs(seed))
+    flat = flat_params(params)
+    check_params(flat, config, "params")
+    model = abstract(config)
+    state = nnx.state(model, nnx.Param)
+    arrays = {p: jnp.asarray(v) for p, v in flat.items()}
+    nnx.replace_by_pure_dict(state, traversals.unflatten_mapping(arrays))
+    nnx.update(model, state)
+    return model
+
+
+def flat_params(model_or_params: T5 | nnx.State | dict) -> FlatParams:
+    """``{path: array}`` of a model, its Param state or a pure nested dict (digit keys -> ints)."""
+    if isinstance(model_or_params, nnx.Module):
+        model_or_params = nnx.state(model_or_params, nnx.Param)
+    if isinstance(model_or_params, nnx.State):
+        model_or_params = nnx.to_pure_dict(model_or_params)
+    if not isinstance(model_or_params, dict):
+        raise ValueError(
+            "expected a T5, an nnx.State or a nested dict of parameters, "
+            f"got {type(model_or_params).__name__}"
+        )
+    flat = traversals.flatten_mapping(model_or_params)
+    return {tuple(int(k) if isinstance(k, str) and k.isdigit() else k for k in p): v for p, v in flat.items()}
+
+
+def check_params(flat: FlatParams, config: ModelConfig, what: str) -> None:
+    """Raise a ValueError naming every parameter missing, extra, or with another shape / dtype."""
+    expected = flat_params(nnx.to_pure_dict(nnx.state(abstract(config), nnx.Param)))
+    problems = [f"{dotted(p)}: missing" for p in sorted(expected.keys() - flat.keys(), key=dotted)]
+    problems += [
+        f"{dotted(p)}: not in the model" for p in sorted(flat.keys() - expected.keys(), key=dotted)
+    ]
+    for p in sorted(expected.keys() & flat.keys(), key=dotted):
+        want, got = expected[p], flat[p]
+        if tuple(want.shape) != tuple(np.shape(got)) or jnp.dtype(want.dtype) != jnp.dtype(got.dtype):
+            problems.append(
+                f"{dotted(p)}: config expects {tuple(want.shape)} {want.dtype}, "
+                f"got {tuple(np.shape(got))} {got.dtype}"
+            )
+    if problems:
+        raise ValueError(f"{what} do not match the config:\n  " + "\n  ".join(problems))
+
+
+def dotted(path: Path_) -> str:
+    return ".".join(map(str, path))

@@ -1,32 +1,45 @@
-"""Run configs: python files with ``get_config(variant)``, and ``--config.a.b=value`` overrides.
+"""Run configs: python files with ``get_config(variant)``, overridden by ``--config.a.b=value``.
 
 ``load("configs/finetune.py:task=stdlib_docsum,model=tiny", ["--config.batch_size=8"])`` imports
-the file, calls ``get_config("task=stdlib_docsum,model=tiny")`` (or ``get_config()`` without a
-variant), applies the overrides and returns an ``ml_collections.ConfigDict``. An override must
-name an existing field (a typo is an error listing the fields); its value is parsed as a Python
-literal and must fit the field's type (ints widen to floats; None fields take anything).
+the file, calls ``get_config("task=stdlib_docsum,model=tiny")`` (``get_config()`` without a
+variant) and applies the overrides with ``ml_collections.config_flags`` on a fresh absl
+``FlagValues``, as ``python -m gqa_jax train`` does: ``--config.a.b=value`` or
+``--config.a.b value``, a bool also ``--config.flag`` / ``--noconfig.flag``, a tuple by
+repeating the flag or as one literal ``--config.t="('a', 'b')"``. Each value is parsed by the
+field's type (a ``placeholder(int)`` field that defaults to None takes only ints), so an unknown
+field or a value of the wrong type is a ``ValueError`` of one line that names the field (and
+lists the known ones). The returned ``ConfigDict`` is locked: code cannot add fields to it.
+
+The file is imported here rather than through ``config_flags.DEFINE_config_file`` so that an
+error in ``get_config`` (such as an unknown variant key) stays its own one-line message.
 """
 
 from __future__ import annotations
 
-import ast
+import difflib
 import importlib.util
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
+from ml_collections.config_flags import config_path
+
+_OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
 
-def parse_variant(variant: str) -> dict[str, str]:
-    """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (the part after ``:`` in ``--config file.py:...``)."""
-    out: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in variant.split(","))):
-        if "=" not in item:
-            raise ValueError(f"config variant item {item!r} must look like key=value")
-        key, value = item.split("=", 1)
-        out[key.strip()] = value.strip()
-    return out
+def load_module(file: str | os.PathLike) -> Any:
+    """Import a python file by its path (config files are not a package): configs/x.py loads
+    configs/base.py with ``load_module(Path(__file__).with_name("base.py"))``."""
+    file = Path(file)
+    module_spec = importlib.util.spec_from_file_location(f"gqa_jax_config_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
 def load_file(spec: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -37,9 +50,7 @@ def load_file(spec: str | os.PathLike) -> ml_collections.ConfigDict:
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"config file {file} does not exist (expected configs/<name>.py[:variant])")
-    module_spec = importlib.util.spec_from_file_location(f"gqa_jax_config_{file.stem}", file)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = load_module(file)
     if not hasattr(module, "get_config"):
         raise ValueError(f"config file {file} has no get_config() function")
     config = module.get_config(variant) if variant else module.get_config()
@@ -48,119 +59,83 @@ def load_file(spec: str | os.PathLike) -> ml_collections.ConfigDict:
     return config
 
 
-def _parse_value(text: str):
+def override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> ml_collections.ConfigDict:
+    """Apply ``--config.a.b=value`` / ``--config.a.b value`` arguments to ``config`` in place
+    (through ``config_flags.DEFINE_config_dict``); returns ``config``, locked."""
+    argv = [str(a) for a in argv]
+    values = flags.FlagValues()
+    full = ["gqa_jax", *argv]
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text  # a bare string such as a path or a task name
-
-
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> ml_collections.ConfigDict:
-    """Apply ``--config.a.b=value`` (or ``a.b=value``) overrides in place; returns ``config``."""
-    for item in overrides:
-        body = item[len("--config.") :] if item.startswith("--config.") else item
-        if "=" not in body:
-            raise ValueError(f"override {item!r} must look like --config.field=value")
-        dotted, text = body.split("=", 1)
-        *parents, leaf = dotted.split(".")
-        node = config
-        for name in parents:
-            if name not in node or not isinstance(node[name], ml_collections.ConfigDict):
-                raise ValueError(f"override {item!r}: {name!r} is not a config section")
-            node = node[name]
-        if leaf not in node:
-            known = ", ".join(sorted(node))
-            raise ValueError(f"override {item!r}: no field {dotted!r}; fields here: {known}")
-        old, new = node[leaf], _parse_value(text)
-        if old is not None and new is not None:
-            if isinstance(old, float) and isinstance(new, int) and not isinstance(new, bool):
-                new = float(new)
-            elif isinstance(old, tuple) and isinstance(new, list):
-                new = tuple(new)
-            elif isinstance(old, str) and not isinstance(new, str):
-                new = text
-            if type(new) is not type(old) and not isinstance(old, ml_collections.ConfigDict):
-                raise ValueError(
-                    f"override {item!r}: {dotted} is {type(old).__name__} ({old!r}), got {type(new).__name__}"
-                )
-        with node.ignore_type():
-            node[leaf] = new
+        # Defining the flag resolves every override's field (an unknown one fails here);
+        # parsing then converts each value with its field's type.
+        config_flags.DEFINE_config_dict("config", config, flag_values=values, sys_argv=full)
+        rest = values(full)
+    except (AttributeError, KeyError) as e:
+        raise ValueError(_unknown_field(config, argv) or f"bad config override: {e}") from None
+    except flags.IllegalFlagValueError as e:
+        raise ValueError(_bad_value(config, str(e))) from None
+    except flags.UnrecognizedFlagError as e:
+        given = e.flagvalue or f"--{e.flagname}"
+        raise ValueError(f"unrecognized argument {given}: an override is --config.FIELD=VALUE") from None
+    except flags.Error as e:  # config_flags' FlagOrderError, UnsupportedOperationError
+        raise ValueError(" ".join(str(e).split())) from None
+    if rest[1:]:
+        raise ValueError(
+            f"unexpected argument(s) {' '.join(rest[1:])}: a config override is --config.FIELD=VALUE or "
+            "--config.FIELD VALUE (a bool field: --config.FIELD=False or --noconfig.FIELD)"
+        )
     return config
 
 
 def load(spec: str | os.PathLike, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    return apply_overrides(load_file(spec), overrides)
+    """``spec``'s config (``path.py[:variant]``) with ``overrides`` (``--config.a.b=value`` ...)."""
+    return override(load_file(spec), overrides)
 
 
-def base_train_config() -> ml_collections.ConfigDict:
-    """Every field ``gqa_jax.training.train`` reads, with T5's defaults; configs/*.py start here.
+def field_names(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    """Every leaf field of ``config``, dotted (``batch_size``, ``model.num_kv_heads``, ...)."""
+    names = []
+    for key in sorted(config.keys()):
+        value = config[key]
+        if isinstance(value, ml_collections.ConfigDict):
+            names += field_names(value, f"{prefix}{key}.")
+        else:
+            names.append(f"{prefix}{key}")
+    return names
 
-    recipe            "pretrain" | "uptrain" | "finetune"
-    task              a key of gqa_jax.data.tasks.TASKS (span corruption for pre-/uptraining)
-    data_dir          TFDS data dir (default $GQA_JAX_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)
-    vocab             SentencePiece model (default for stdlib_* tasks: the suite's vocabulary)
-    init_from         fine-tuning: a gqa_jax checkpoint (e.g. <workdir>/model) or HF T5 directory
-    model.*           preset + ModelConfig overrides (None = the preset's / checkpoint's value)
-    optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
-    uptrain.*         source (MHA checkpoint), num_kv_heads, method (mean|first|random),
-                      attentions, alpha, original_steps, source_step (schedule offset; default
-                      original_steps): the run trains round(alpha x original_steps) steps
-    batch_size        global rows per step; num_microbatches splits it for gradient accumulation
-    mesh              "DATAxMODEL" device mesh (e.g. "1x8", "2x4"): params, optimizer state,
-                      activations and the KV cache sharded by gqa_jax.sharding.RULES, batch rows
-                      over data; "" = one device. A multi-host run sets the mesh over all hosts'
-                      devices and starts every process with GQA_JAX_COORDINATOR/NUM_PROCESSES/
-                      PROCESS_ID (or GQA_JAX_DISTRIBUTED=auto on TPU pods; see the README)
-    pack              several examples per row (segment ids), as T5X packs
-    input_length, target_length   override the task's lengths (None: the task's)
-    log_every, checkpoint_every, keep_checkpoints
-    eval_every        evaluate every N steps and at the end (0: only at the end, -1: never);
-                      eval_at_start also scores the starting point (step 0); eval_examples caps
-                      the dev examples decoded
-    """
-    c = ml_collections.ConfigDict()
-    c.recipe = "pretrain"
-    c.task = "stdlib_span"
-    c.data_dir = None
-    c.vocab = None
-    c.init_from = None
-    c.seed = 0
-    c.batch_size = 32
-    c.num_microbatches = 1
-    c.mesh = ""
-    c.pack = True
-    c.input_length = None  # None: the task's (span corruption derives the targets' length)
-    c.target_length = None
-    c.num_train_steps = 1000
-    c.z_loss = 1e-4
-    c.model = ml_collections.ConfigDict(
-        {
-            "preset": "tiny",
-            "num_kv_heads": None,
-            "grouped_attentions": None,
-            "dropout_rate": 0.0,
-            "dtype": None,
-            "param_dtype": None,
-        }
-    )
-    c.optimizer = ml_collections.ConfigDict({"warmup_steps": 10_000, "learning_rate": 1e-3})
-    c.uptrain = ml_collections.ConfigDict(
-        {
-            "source": None,
-            "num_kv_heads": 1,
-            "method": "mean",
-            "attentions": None,
-            "alpha": 0.05,
-            "original_steps": 1000,
-            "source_step": None,
-        }
-    )
-    c.log_every = 10
-    c.checkpoint_every = 200
-    c.keep_checkpoints = 3
-    c.eval_every = 200
-    c.eval_at_start = False
-    c.eval_examples = 256
-    c.eval_batch_size = 32
-    c.progress = True
-    return c
+
+def _unknown_field(config: ml_collections.ConfigDict, argv: Sequence[str]) -> str | None:
+    """The message for the first override in ``argv`` that names no field of ``config``."""
+    for arg in argv:
+        match = _OVERRIDE.match(arg)
+        if not match:
+            continue
+        dotted = match.group(1)
+        node, walked = config, []
+        for name in dotted.split("."):
+            where = ".".join(["config", *walked])
+            if not isinstance(node, ml_collections.ConfigDict):
+                return f"--config.{dotted}: {where} is a field ({type(node).__name__}), not a section"
+            if name not in node:
+                known = field_names(node)
+                close = difflib.get_close_matches(dotted, field_names(config), n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                prefix = where.removeprefix("config").lstrip(".")
+                listed = ", ".join(f"{prefix}.{k}" if prefix else k for k in known)
+                return f"--config.{dotted}: {where} has no field {name!r}{hint}; the known fields: {listed}"
+            node, walked = node[name], [*walked, name]
+    return None
+
+
+def _bad_value(config: ml_collections.ConfigDict, message: str) -> str:
+    """absl's ``flag --config.x=v: <parser error>`` -> one line naming the field and its type."""
+    message = " ".join(message.split())
+    match = re.match(r"^flag --config\.([\w.]+)=", message)
+    if not match:
+        return message
+    dotted = match.group(1)
+    try:
+        kind = config_path.get_type(dotted, config).__name__
+    except (AttributeError, KeyError, TypeError):
+        return message
+    return f"config.{dotted} takes a value of type {kind}: {message.removeprefix('flag ')}"

@@ -1,5 +1,8 @@
 """Device meshes and the one logical-axis rule table every array takes its sharding from.
 
+The leaf of the mesh world: it imports nothing from gqa_jax, and the model's layers, the cache,
+decoding and training all take their specs from here.
+
 Mesh axes: ``data`` (batch) and ``model`` (heads, MLP hidden, vocab). Every parameter has
 logical axis names (``logical_axes``); ``RULES`` maps logical axes to mesh axes; ``spec`` turns a
 shape's logical axes into a ``PartitionSpec``. A dimension whose size the mesh axis does not
@@ -8,16 +11,16 @@ divide is replicated instead, and recorded: for K/V heads this is the paper's se
 ``replication_report`` states in bytes per device.
 
     mesh = make_mesh("2x4")                                 # data 2 x model 4
-    state, shardings, replicated = init_sharded_state(config, optimizer, mesh, seed=0)
+    shardings, replicated = param_shardings(params, mesh)
     print(replication_report(replicated))
-    step = make_sharded_train_step(graphdef, optimizer, mesh, shardings)
-    tokens = decoding.greedy_decode((graphdef, state.params), ids, 64, mesh=mesh).tokens
 
 Activations and the KV cache take their specs from the same table: the model calls
-``constrain(x, logical_axes)`` at its layer boundaries, which is a no-op unless a trace runs
-inside ``activation_sharding(mesh)`` (the sharded train step and the decode loops do that).
+``constrain(x, kind)`` at its layer boundaries, which is a no-op unless a trace runs inside
+``activation_sharding(mesh)`` (the train step and the decode loops on a mesh do that). The train
+state's shardings and the sharded step live beside the train step (``gqa_jax.training``), the
+cache's layout beside the cache (``gqa_jax.cache.cache_layout``), multi-host helpers in
+``gqa_jax.distributed``.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -264,52 +267,6 @@ def shards(pspec: PartitionSpec, mesh: Mesh) -> int:
     return n
 
 
-def cache_layout(
-    config: Any,
-    mesh: Mesh,
-    batch: int,
-    input_len: int,
-    output_len: int,
-    dtype: Any,
-    rules: Mapping[str, str | None] = RULES,
-) -> tuple[dict[str, Any], list[Replication]]:
-    """How a decode cache ``[B, K, length, H]`` per layer lies on ``mesh``: per kind (``self``,
-    ``cross``) its ``PartitionSpec``, the formula's total bytes, the shards, and the bytes each
-    device holds (``total / shards``; a replicated K/V-head axis is not divided). Also the
-    replicated K/V-head axes (``replication_report`` states the waste)."""
-    from gqa_jax import cache as kvcache
-
-    size = np.dtype(dtype).itemsize
-    total = kvcache.expected_cache_bytes(config, batch, input_len, output_len, dtype)
-    out: dict[str, Any] = {}
-    replicated: list[Replication] = []
-    for kind, attn, length in (("self", "decoder_self", output_len), ("cross", "cross", input_len)):
-        shape = (batch, config.kv_heads(attn), length, config.head_dim)
-        found: list[Replication] = []
-        ps = spec(
-            ACTIVATION_AXES["kv"], shape, mesh, rules, name=f"cache.{kind}", itemsize=size, replicated=found
-        )
-        n = shards(ps, mesh)
-        per_device = total[kind] // n
-        for r in found:  # the bytes a device holds of this kind's cache, over all layers, K and V
-            replicated.append(dataclasses.replace(r, bytes_per_device=per_device))
-        out[kind] = {"spec": ps, "total_bytes": total[kind], "shards": n, "bytes_per_device": per_device}
-    return out, replicated
-
-
-_LOGGED: set[Any] = set()
-
-
-def log_once(key: Any, msg: str) -> None:
-    """Print ``msg`` to stderr once per ``key``, on process 0 only."""
-    import sys
-
-    if key in _LOGGED or jax.process_index() != 0:
-        return
-    _LOGGED.add(key)
-    print(msg, file=sys.stderr, flush=True)
-
-
 def rules_key(rules: Mapping[str, str | None] | None) -> tuple[tuple[str, str | None], ...] | None:
     """Rules as a hashable value (a static argument of ``jax.jit``)."""
     return None if rules is None else tuple(sorted(rules.items()))
@@ -331,236 +288,9 @@ def check_batch(batch: Mapping[str, Any], mesh: Mesh) -> None:
             )
 
 
-def state_shardings(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
-    """Shardings of a ``TrainState`` (concrete or abstract, e.g. from ``jax.eval_shape``): params by
-    the rules; optimizer leaves shaped like their parameter take its sharding, other leaves
-    (factored moments, counters) are replicated."""
-    from gqa_jax.training import TrainState
-
-    p_shard, _ = param_shardings(state.params, mesh, rules)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    by_shape: dict[tuple[int, ...], list[NamedSharding]] = {}
-    for x, s in zip(jax.tree.leaves(state.params), jax.tree.leaves(p_shard), strict=True):
-        by_shape.setdefault(tuple(x.shape), []).append(s)
-
-    def opt_sharding(x: Any) -> NamedSharding:
-        cands = by_shape.get(tuple(np.shape(x)), [])
-        # same-shape params may differ in spec only where one dim was replicated; take the first
-        return cands[0] if cands and len({c.spec for c in cands}) == 1 else replicated
-
-    return TrainState(
-        step=replicated,
-        params=p_shard,
-        opt_state=jax.tree.map(opt_sharding, state.opt_state),
-        rng=replicated,
-    )
-
-
-def shard_state(state: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> tuple[Any, Any]:
-    """Place a host ``TrainState`` on ``mesh``. Returns ``(placed state, its shardings)``."""
-    shardings = state_shardings(state, mesh, rules)
-    return jax.device_put(state, shardings), shardings
 
 
 def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
     """Place a pure-dict param tree on ``mesh`` by the rules (already placed leaves are resharded)."""
     shardings, _ = param_shardings(params, mesh, rules)
     return jax.device_put(params, shardings)
-
-
-def init_sharded_state(
-    config: Any, optimizer: Any, mesh: Mesh, seed: int, rules: Mapping[str, str | None] = RULES
-) -> tuple[Any, Any, Any, list[Replication]]:
-    """A fresh ``TrainState`` created already sharded: the initializers run under ``jax.jit`` with
-    the state's shardings as ``out_shardings``, so no host ever holds the whole model (each device
-    computes its own slices). The values equal ``training.init_state(T5(config, rngs=nnx.Rngs(seed)),
-    ...)`` on one device. Returns ``(state, shardings, graphdef, replicated)``."""
-    from flax import nnx
-
-    from gqa_jax import training
-    from gqa_jax.model import T5
-
-    def init() -> Any:
-        return training.init_state(T5(config, rngs=nnx.Rngs(seed)), optimizer, seed)
-
-    graphdef, _ = training.split_model(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(seed))))
-    abstract = jax.eval_shape(init)
-    shardings = state_shardings(abstract, mesh, rules)
-    _, replicated = param_shardings(abstract.params, mesh, rules)
-    state = jax.jit(init, out_shardings=shardings)()
-    return state, shardings, graphdef, replicated
-
-
-def make_sharded_train_step(
-    graphdef: Any,
-    optimizer: Any,
-    mesh: Mesh,
-    state_shardings: Any,
-    *,
-    num_microbatches: int = 1,
-    z_loss: float | None = None,
-    dropout: bool = False,
-    rules: Mapping[str, str | None] = RULES,
-) -> Any:
-    """``training.make_train_step`` jitted with explicit in/out shardings on ``mesh``."""
-    import functools
-
-    from gqa_jax import training
-
-    step_fn = functools.partial(
-        training._train_step, graphdef, optimizer, num_microbatches=num_microbatches,
-        z_loss=training.Z_LOSS if z_loss is None else z_loss, dropout=dropout,
-    )  # fmt: skip
-
-    def fn(state: Any, batch: Any) -> Any:
-        with activation_sharding(mesh, rules):  # traced here: the model's constraints apply
-            return step_fn(state, batch)
-
-    batch = batch_sharding(mesh)
-    scalar = NamedSharding(mesh, PartitionSpec())
-    jitted = jax.jit(
-        fn,
-        in_shardings=(state_shardings, batch),
-        out_shardings=(state_shardings, scalar),
-        donate_argnums=(0,),
-    )
-
-    def step(state: Any, batch_arrays: Mapping[str, Any]) -> Any:
-        check_batch(batch_arrays, mesh)
-        return jitted(state, batch_arrays)
-
-    return step
-
-
-# ------------------------------------------------------------------------------ multi-host
-def initialize_distributed(
-    coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
-) -> bool:
-    """Join a multi-process run when the arguments or the environment say so; returns whether
-    this is a multi-process run.
-
-    - ``GQA_JAX_COORDINATOR=host:port GQA_JAX_NUM_PROCESSES=n GQA_JAX_PROCESS_ID=i``: explicit
-      (GPU nodes, or several local processes on one CPU machine);
-    - ``GQA_JAX_DISTRIBUTED=auto``: ``jax.distributed.initialize()`` finds the cluster itself
-      (TPU VM pods, SLURM, Open MPI);
-    - neither: one process, nothing to do.
-    On CPU the collectives go through gloo. Call it before anything else touches JAX devices.
-    """
-    import os
-
-    coordinator = coordinator or os.environ.get("GQA_JAX_COORDINATOR")
-    if num_processes is None and os.environ.get("GQA_JAX_NUM_PROCESSES"):
-        num_processes = int(os.environ["GQA_JAX_NUM_PROCESSES"])
-    if process_id is None and os.environ.get("GQA_JAX_PROCESS_ID"):
-        process_id = int(os.environ["GQA_JAX_PROCESS_ID"])
-    auto = os.environ.get("GQA_JAX_DISTRIBUTED", "").lower() == "auto"
-    if coordinator is None and not auto:
-        return False
-    if coordinator is not None and (num_processes is None or process_id is None):
-        raise ValueError(
-            f"coordinator {coordinator!r} given without the number of processes and this process's id: "
-            "set GQA_JAX_NUM_PROCESSES and GQA_JAX_PROCESS_ID (or pass them)"
-        )
-    if coordinator is not None and not 0 <= process_id < num_processes:
-        raise ValueError(f"process id {process_id} is not in [0, {num_processes})")
-    if jax.distributed.is_initialized():
-        return jax.process_count() > 1
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    if platforms.startswith("cpu") or (not platforms and _cpu_only()):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if coordinator is None:
-        jax.distributed.initialize()
-    else:
-        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
-    return jax.process_count() > 1
-
-
-def _cpu_only() -> bool:
-    import importlib.util
-
-    # No accelerator plugin installed: the CPU backend will be used.
-    return not any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin", "libtpu"))
-
-
-def process_data_slice(mesh: Mesh) -> tuple[int, int]:
-    """``(index, count)``: which of the batch's distinct row slices this process feeds.
-
-    Processes whose devices sit at the same ``data`` coordinates are replicas of each other and
-    feed identical rows (e.g. a 1x8 mesh over two hosts: both feed the whole batch); a 2x4 mesh
-    over two hosts gives each host its own half."""
-    rows = {}
-    for idx, device in np.ndenumerate(mesh.devices):
-        rows.setdefault(device.process_index, set()).add(idx[mesh.axis_names.index("data")])
-    slices = sorted({frozenset(v) for v in rows.values()}, key=min)
-    return slices.index(frozenset(rows[jax.process_index()])), len(slices)
-
-
-def global_batch(local: Mapping[str, Any], mesh: Mesh, *, identical: bool = False) -> dict[str, jax.Array]:
-    """Arrays from this process's rows (its ``process_data_slice``) -> global arrays with rows
-    over ``data``. ``identical=True``: every process passes the same whole batch (evaluation).
-    In one process this is a ``device_put``."""
-    out = {}
-    for key, value in local.items():
-        value = np.asarray(value)
-        sharding = batch_sharding(mesh, value.ndim)
-        if jax.process_count() == 1:
-            out[key] = jax.device_put(value, sharding)
-        else:
-            shape = value.shape if identical else None
-            out[key] = jax.make_array_from_process_local_data(sharding, value, shape)
-    return out
-
-
-def to_host(tree: Any) -> Any:
-    """Numpy copies of (possibly multi-process) global arrays, on every process."""
-    from jax.experimental import multihost_utils
-
-    def one(x: Any) -> Any:
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-        return np.asarray(x)
-
-    return jax.tree.map(one, tree)
-
-
-def allgather_json(obj: Any) -> list[Any]:
-    """Every process's JSON-able ``obj``, in process order (a collective: all processes call it)."""
-    import json
-
-    from jax.experimental import multihost_utils
-
-    if jax.process_count() == 1:
-        return [obj]
-    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32))).reshape(-1)
-    padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[: data.size] = data
-    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
-    return [json.loads(row[:n].tobytes().decode()) for row, n in zip(rows, sizes, strict=True)]
-
-
-def all_data_states(local: Any) -> Any:
-    """What a checkpoint stores of the input pipelines: this process's iterator state, or, in a
-    multi-process run, every process's (each reads its own slice of the data, so each resumes
-    from its own position; orbax writes the JSON from process 0 only)."""
-    if jax.process_count() == 1:
-        return local
-    return {"processes": allgather_json(local)}
-
-
-def own_data_state(saved: Any) -> Any:
-    """This process's iterator state from what ``all_data_states`` stored (None: start fresh)."""
-    if saved is None or "processes" not in saved:
-        if saved is not None and jax.process_count() > 1:
-            raise ValueError(
-                "this checkpoint's data position was written by one process; resuming it on "
-                f"{jax.process_count()} processes would re-read data: resume with one process"
-            )
-        return saved
-    states = saved["processes"]
-    if len(states) != jax.process_count():
-        raise ValueError(
-            f"this checkpoint's data positions were written by {len(states)} processes, but this run "
-            f"has {jax.process_count()}: resume with {len(states)} processes"
-        )
-    return states[jax.process_index()]

@@ -13,18 +13,18 @@ Process 0 writes the results to OUT_DIR/<mesh>_<k>.npz.
 import sys
 from pathlib import Path
 
-from gqa_jax import sharding
+from gqa_jax import distributed
 
-sharding.initialize_distributed()  # before anything touches the devices
+distributed.initialize_distributed()  # before anything touches the devices
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from gqa_jax import decoding, training  # noqa: E402
-from gqa_jax.bench_train import synthetic_batch  # noqa: E402
+from gqa_jax import decoding, sharding, training  # noqa: E402
 from gqa_jax.config import preset  # noqa: E402
+from gqa_jax.tools.bench_train import synthetic_batch  # noqa: E402
 
 
 def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
@@ -33,18 +33,18 @@ def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
         cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
         opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
         mesh = sharding.make_mesh(mesh_text)
-        state, shardings, graphdef, _ = sharding.init_sharded_state(cfg, opt, mesh, seed=0)
+        state, shardings, graphdef, _ = training.create_state(cfg, opt, mesh, seed=0)
 
         # Every process builds the same global batch and feeds only its own slice of rows.
         full = synthetic_batch(cfg, 8, 8, 4, seed=1)
         ids = np.random.default_rng(2).integers(2, cfg.vocab_size, (8, 12))
         ids[3, 5:] = 0
-        index, count = sharding.process_data_slice(mesh)
+        index, count = distributed.process_data_slice(mesh)
         rows = slice(index * 8 // count, (index + 1) * 8 // count)
-        batch = sharding.global_batch({k_: v[rows] for k_, v in full.items()}, mesh)
-        global_ids = sharding.global_batch({"ids": ids[rows]}, mesh)["ids"]
+        batch = distributed.global_batch({k_: v[rows] for k_, v in full.items()}, mesh)
+        global_ids = distributed.global_batch({"ids": ids[rows]}, mesh)["ids"]
 
-        step = sharding.make_sharded_train_step(graphdef, opt, mesh, shardings)
+        step = training.make_train_step(graphdef, opt, mesh=mesh, state_shardings=shardings, dropout=False)
         new, metrics = step(state, batch)
         greedy = decoding.greedy_decode((graphdef, new.params), global_ids, 10, mesh=mesh, return_cache=True)
 
@@ -66,7 +66,7 @@ def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
         )
         all_same = multihost_utils.process_allgather(np.asarray(same))  # [processes]
 
-        host = sharding.to_host({"params": new.params, "tokens": greedy.tokens, "lengths": greedy.lengths})
+        host = distributed.to_host({"params": new.params, "tokens": greedy.tokens, "lengths": greedy.lengths})
         key = new.params["decoder"]["layers"][0]["self_attn"]["key"]
         if jax.process_index() == 0:
             flat = {

@@ -9,10 +9,12 @@ import jax
 import numpy as np
 from flax import nnx
 
+from gqa_jax import cache as kvcache
 from gqa_jax import decoding, sharding, training
-from gqa_jax.bench_train import synthetic_batch
+from gqa_jax.beam_search import beam_search
 from gqa_jax.config import preset
 from gqa_jax.model import T5
+from gqa_jax.tools.bench_train import synthetic_batch
 
 
 def max_diff(a, b):
@@ -42,10 +44,10 @@ def main(cases):
                 state, batch
             )
             one_greedy = decoding.greedy_decode(model, ids, 10)
-            one_beam = decoding.beam_search(model, ids, 6, beam_size=2) if beam else None
+            one_beam = beam_search(model, ids, 6, beam_size=2) if beam else None
 
         mesh = sharding.make_mesh(mesh_text)
-        placed, shardings, graphdef_s, replicated = sharding.init_sharded_state(cfg, opt, mesh, seed=0)
+        placed, shardings, graphdef_s, replicated = training.create_state(cfg, opt, mesh, seed=0)
         init_diff = max_diff(state, placed)
         init_specs_ok = all(
             x.sharding.is_equivalent_to(s, x.ndim)
@@ -54,13 +56,13 @@ def main(cases):
         params = placed.params  # the decode runs on the sharded initial params
         greedy = decoding.greedy_decode((graphdef_s, params), ids, 10, mesh=mesh, return_cache=True)
         beam_out = (
-            decoding.beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
+            beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
         )
-        step = sharding.make_sharded_train_step(graphdef_s, opt, mesh, shardings)
+        step = training.make_train_step(graphdef_s, opt, mesh=mesh, state_shardings=shardings, dropout=False)
         new, m = step(placed, batch)
         key = new.params["decoder"]["layers"][0]["self_attn"]["key"]
         kv = sorted({r.name.rsplit(".", 1)[-1] for r in replicated if r.logical_axis == "kv_heads"})
-        _, cache_replicated = sharding.cache_layout(cfg, mesh, 8, 12, 10, "float32")
+        _, cache_replicated = kvcache.cache_layout(cfg, mesh, 8, 12, 10, "float32")
         print(json.dumps({
             "mesh": mesh_text, "k": k, "loss_one": float(one_m["loss"]), "loss_sharded": float(m["loss"]),
             "max_param_diff": max_diff(one_state.params, new.params), "init_diff": init_diff,

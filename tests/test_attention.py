@@ -112,10 +112,10 @@ def test_attention_module_shapes_and_errors():
 
 @pytest.mark.parametrize("num_heads, num_kv", [(6, 3), (6, 2), (6, 1), (16, 1)])
 def test_a_cpu_decode_step_takes_the_group_head_by_head_with_the_same_result(num_heads, num_kv):
-    """Inside ``step_matmuls`` one query position is attended one query head of each group at a
+    """Inside ``cpu_step.step`` one query position is attended one query head of each group at a
     time (2 products per head, up to STEP_MAX_GROUP heads per group); the numbers are those of
     the one-product path, with a per-row bias [B, N, 1, S] and a key mask [B, 1, S]."""
-    from gqa_jax import attention, layers
+    from gqa_jax import cpu_step
 
     r = np.random.default_rng(num_heads + num_kv)
     B, S, H, G = 3, 10, 8, num_heads // num_kv
@@ -124,9 +124,9 @@ def test_a_cpu_decode_step_takes_the_group_head_by_head_with_the_same_result(num
     bias = jnp.asarray(r.standard_normal((B, num_heads, 1, S)), jnp.float32)
     mask = jnp.asarray(r.random((B, 1, S)) < 0.7).at[:, :, 0].set(True)
     ref = grouped_attention(q, k, v, bias=bias, mask=mask)
-    with layers.step_matmuls():
+    with cpu_step.step():
         got = grouped_attention(q, k, v, bias=bias, mask=mask)
         jaxpr = str(jax.make_jaxpr(lambda *a: grouped_attention(*a, bias=bias, mask=mask))(q, k, v))
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-6)
-    split = G <= attention.STEP_MAX_GROUP
+    split = G <= cpu_step.STEP_MAX_GROUP
     assert jaxpr.count("dot_general") == (2 * G if split else 2)

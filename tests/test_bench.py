@@ -7,33 +7,39 @@ import math
 
 import numpy as np
 import pytest
-from flax import nnx
 
-from gqa_jax import bench, info
+from gqa_jax import model as model_lib
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
-from gqa_jax.model import T5
+from gqa_jax.tools import bench_hf, bench_models, decode_floor, info, timing
 
 
 def test_default_kv_heads_round_down_to_divisors():
-    assert bench.default_kv_heads(6) == [6, 3, 1]  # t5-small: N/4 = 1.5 -> 1
-    assert bench.default_kv_heads(4) == [4, 2, 1]
-    assert bench.default_kv_heads(12) == [12, 6, 3, 1]
-    assert bench.default_kv_heads(64) == [64, 32, 16, 1]
-    assert bench.parse_kv_heads("2", 6) == [6, 2]  # MHA, the reference, is always there
+    assert bench_models.default_kv_heads(6) == [6, 3, 1]  # t5-small: N/4 = 1.5 -> 1
+    assert bench_models.default_kv_heads(4) == [4, 2, 1]
+    assert bench_models.default_kv_heads(12) == [12, 6, 3, 1]
+    assert bench_models.default_kv_heads(64) == [64, 32, 16, 1]
+    assert bench_models.parse_kv_heads("2", 6) == [6, 2]  # MHA, the reference, is always there
     with pytest.raises(ValueError, match="divide"):
-        bench.parse_kv_heads("4", 6)
+        bench_models.parse_kv_heads("4", 6)
 
 
 def test_step_reads_follow_the_parameter_counts():
     """Weights a decode step reads = the decoder without cross K/V + output layer + B embedding rows."""
     config = preset("tiny", num_kv_heads=2)
-    model = T5(config, rngs=nnx.Rngs(0))
+    model = model_lib.build(config)
     counts = info.param_counts(config)
     L, D, H, K = config.num_decoder_layers, config.d_model, config.head_dim, config.num_kv_heads
     decoder = sum(counts[c] for c in counts if c.startswith("decoder_")) - 2 * L * D * K * H
     expected = 4 * (decoder + counts["lm_head"] + 3 * D)  # float32, batch 3
-    assert bench.step_reads(model, config, batch=3)["weight_bytes"] == expected
+    assert decode_floor.step_reads(model, config, batch=3)["weight_bytes"] == expected
+
+
+def test_markdown_table_and_json():
+    lines = timing.md_table([("a", str), ("b", lambda x: f"{x / 2:.1f}")], [1, 4])
+    assert lines == ["| a | b |", "|---|---|", "| 1 | 0.5 |", "| 4 | 2.0 |"]
+    res = {1: np.float32(0.5), "x": (np.arange(2), math.inf)}
+    assert timing.to_json(res) == {"1": 0.5, "x": [[0, 1], None]}
 
 
 def test_bad_kv_heads_is_a_usage_error(capsys):
@@ -82,7 +88,7 @@ def test_bench_decode_end_to_end(tmp_path, capsys):
     for length, row in res["table_a"].items():
         assert _finite_positive(row["speedup"]), length
 
-    if bench.hf_unavailable() is None:
+    if bench_hf.hf_unavailable() is None:
         hf = res["hf"]
         assert "| ours | HF | ours (s) | HF (s) | HF / ours |" in out
         assert res["hf_parity_max_abs_diff"] < 1e-3

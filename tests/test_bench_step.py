@@ -5,12 +5,11 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
 
-from gqa_jax import bench, bench_step
+from gqa_jax import model as model_lib
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
-from gqa_jax.model import T5
+from gqa_jax.tools import bench_step, decode_floor
 
 
 def test_shape_bytes():
@@ -26,7 +25,7 @@ def test_an_in_place_write_counts_its_update_not_its_buffer():
     buf, upd = jnp.zeros((256, 64)), jnp.ones((1, 64))
     ops, _ = bench_step.parse_hlo(write.lower(buf, upd, 3).compile().as_text())
     writers = [op for op in ops.values() if op.opcode == "dynamic-update-slice" or op.calls]
-    writers = [op for op in writers if bench_step._compact(op.shape) == "f32[256,64]"]
+    writers = [op for op in writers if bench_step.compact(op.shape) == "f32[256,64]"]
     assert writers, "no op writes the buffer"
     assert all(bench_step.input_bytes(op, ops) < 256 * 64 * 4 for op in writers)
     assert any(bench_step.input_bytes(op, ops) >= 64 * 4 for op in writers)
@@ -56,8 +55,8 @@ def test_bench_step_profiles_the_loop_body(tmp_path, capsys):
         assert all(r["ops_per_step"] == pytest.approx(round(r["ops_per_step"])) for r in m["rows"])
         assert sum(r["step_s"] for r in m["rows"]) == pytest.approx(m["ops_step_s"])
         # the step reads every decoder weight and the output layer at least once
-        model = T5(preset("tiny", num_kv_heads=int(k)), rngs=nnx.Rngs(0))
-        reads = bench.step_reads(model, model.config, 2)["weight_bytes"]
+        model = model_lib.build(preset("tiny", num_kv_heads=int(k)))
+        reads = decode_floor.step_reads(model, model.config, 2)["weight_bytes"]
         assert m["bytes_per_step"] >= reads
         head = f"f32[{cfg.vocab_size},{cfg.d_model}]", f"f32[{cfg.d_model},{cfg.vocab_size}]"
         head_rows = [r for r in m["rows"] if r["largest_input"] in head]

@@ -1,4 +1,7 @@
-"""ModelConfig: presets, overrides, serialization and validation errors."""
+"""ModelConfig: presets, overrides, serialization and validation errors; the run configs
+(configs/*.py loaded by gqa_jax.run_config, their variants and --config.FIELD overrides)."""
+
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +77,109 @@ def test_unknown_preset_and_unknown_field():
         ModelConfig.from_dict({"num_kv_head": 2})
     with pytest.raises(ValueError, match="unknown attention 'encoder'"):
         preset("tiny").kv_heads("encoder")
+
+
+# ------------------------------------------------------------- run configs (configs/*.py, run_config)
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("name", ["base.py", "pretrain.py", "uptrain.py", "finetune.py"])
+def test_configs_load_from_any_directory_and_have_the_base_fields(name, tmp_path, monkeypatch):
+    from gqa_jax import run_config
+
+    base = run_config.load(CONFIGS / "base.py")
+    monkeypatch.chdir(tmp_path)  # the configs find configs/base.py next to themselves
+    config = run_config.load(CONFIGS / name)
+    assert run_config.field_names(config) == run_config.field_names(base)
+    assert config.is_locked  # code cannot add a field by a typo
+    with pytest.raises(AttributeError):
+        config.num_train_step = 5
+    for field in run_config.field_names(config):  # no untyped None: every field can be overridden
+        *parents, leaf = field.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        assert node.get_type(leaf) is not type(None), field
+
+
+def test_none_default_fields_are_typed_placeholders():
+    from gqa_jax import run_config
+
+    config = run_config.load(CONFIGS / "base.py")
+    assert config.input_length is None and config.get_type("input_length") is int
+    assert config.model.get_type("num_kv_heads") is int and config.get_type("vocab") is str
+    with pytest.raises(TypeError):
+        config.input_length = "long"
+    config = run_config.load(CONFIGS / "base.py", ["--config.input_length=12", "--config.vocab", "spm.model"])
+    assert (config.input_length, config.vocab) == (12, "spm.model")
+    with pytest.raises(ValueError, match=r"config.uptrain.source_step takes a value of type int"):
+        run_config.load(CONFIGS / "base.py", ["--config.uptrain.source_step=soon"])
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("pretrain.py", dict(recipe="pretrain", task="stdlib_span", num_train_steps=1000)),
+        ("pretrain.py:model=small,kv=2,steps=3", {"model.preset": "small", "model.num_kv_heads": 2}),
+        (
+            "uptrain.py:source=runs/pt/model,kv=2,method=first,alpha=0.1,original_steps=400",
+            {"recipe": "uptrain", "uptrain.source": "runs/pt/model", "uptrain.num_kv_heads": 2,
+             "uptrain.method": "first", "uptrain.alpha": 0.1, "uptrain.original_steps": 400},
+        ),
+        (
+            "finetune.py:task=stdlib_qa,init=runs/pt/model",
+            {"recipe": "finetune", "task": "stdlib_qa", "init_from": "runs/pt/model",
+             "model.dropout_rate": 0.1, "eval_at_start": True},
+        ),
+        ("finetune.py", {"init_from": None, "task": "stdlib_docsum"}),
+    ],
+)  # fmt: skip
+def test_variant_keys(spec, expected):
+    from gqa_jax import run_config
+
+    flat = {}
+    config = run_config.load(f"{CONFIGS}/{spec}")
+    for field in run_config.field_names(config):
+        node = config
+        for name in field.split("."):
+            node = node[name]
+        flat[field] = node
+    assert {k: flat[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "pretrain.py:size=small",
+            r"configs/pretrain.py: unknown variant keys \['size'\]; known: task, model",
+        ),
+        ("uptrain.py:kv=1,src=x", r"configs/uptrain.py: unknown variant keys \['src'\]; known: source, kv"),
+        ("finetune.py:init", r"config variant item 'init' must look like key=value"),
+        ("base.py:model=tiny", r"configs/base.py: unknown variant keys \['model'\]; known: none"),
+    ],
+)
+def test_bad_variant_keys(spec, message):
+    from gqa_jax import run_config
+
+    with pytest.raises(ValueError, match=message):
+        run_config.load(f"{CONFIGS}/{spec}")
+
+
+def test_override_errors_are_one_line_naming_the_field():
+    from gqa_jax import run_config
+
+    def error(*overrides):
+        with pytest.raises(ValueError) as info:
+            run_config.load(CONFIGS / "pretrain.py", overrides)
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    assert "no field 'batchsize' (did you mean batch_size?); the known fields: batch_size," in error(
+        "--config.batchsize=3"
+    )
+    assert "config.optimizer has no field 'lr'" in error("--config.optimizer.lr=1")
+    assert "config.z_loss takes a value of type float" in error("--config.z_loss", "small")
+    assert "unrecognized argument --steps" in error("--steps=3")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        run_config.load(CONFIGS / "nope.py")

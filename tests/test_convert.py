@@ -27,9 +27,8 @@ from gqa_jax.convert import (
     group_map,
     target_config,
     to_grouped,
-    to_model,
 )
-from gqa_jax.model import T5
+from gqa_jax.model import T5, build
 
 KV = ("key", "value")
 LOCATIONS = {"encoder_self": ("encoder", "attn"), "decoder_self": ("decoder", "self_attn")}
@@ -116,7 +115,7 @@ def test_k_equals_n_is_the_identity(mha4, method, param_dtype):
             assert config == model.config.replace(grouped_attentions=everything)
     assert config == model.config
     if param_dtype == "float32":
-        np.testing.assert_array_equal(logits(to_model(params, config)), logits(model))
+        np.testing.assert_array_equal(logits(build(config, params)), logits(model))
 
 
 @pytest.mark.parametrize("method", ["mean", "first"])
@@ -139,10 +138,10 @@ def test_equal_heads_in_each_group_give_the_mha_logits(mha4, method, K, attentio
             for p in KV:
                 w = np.asarray(layer[module][p])  # [D, N, H]
                 layer[module][p] = jnp.asarray(np.repeat(w[:, ::G], G, axis=1))  # head n := head n//G*G
-    mha = to_model(pure, mha4.config)
+    mha = build(mha4.config, pure)
     params, config, _ = to_grouped(mha, mha4.config, K, method, attentions=attentions)
     assert all(config.kv_heads(kind) == K for kind in attentions) and config.num_heads == N
-    reference, converted = logits(mha), logits(to_model(params, config))
+    reference, converted = logits(mha), logits(build(config, params))
     scale = np.abs(reference).max()
     assert 1.0 < scale < 10.0  # unit-scale logits, as from a real checkpoint
     # Not bit-identical: XLA sums the K-head and the N-head einsums in different orders (1 ulp in
@@ -279,7 +278,7 @@ def test_partial_conversion_keeps_the_rest(mha4):
     assert list(manifest["groups"]) == ["cross"]
     src, got = flat(mha4), flat(params)
     assert all(same_bits(got[n], src[n]) for n in kv_names(config, "decoder_self"))
-    model = to_model(params, config)
+    model = build(config, params)
     assert model.decoder.layers[1].cross_attn.value[...].shape == (32, 1, 8)  # [D, K', H]
     assert model.decoder.layers[1].self_attn.value[...].shape == (32, 4, 8)
 
@@ -388,7 +387,7 @@ def test_check_finds_a_tampered_destination_and_a_changed_source(src, mha4, tmp_
     state = nnx.state(model, nnx.Param)
     pure = nnx.to_pure_dict(state)
     pure["decoder"]["layers"][1]["cross_attn"]["value"] += 1e-3
-    checkpoints.save(to_model(pure, config), dst, overwrite=True, extra_files={"manifest.json": manifest})
+    checkpoints.save(build(config, pure), dst, overwrite=True, extra_files={"manifest.json": manifest})
     capsys.readouterr()
     assert convert_cli("--check", dst) == 1
     out = capsys.readouterr().out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -10,10 +11,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gqa_jax import decoding
+from gqa_jax import cpu_step, decoding
+from gqa_jax.beam_search import beam_search
 from gqa_jax.cache import cache_bytes, expected_cache_bytes
-from gqa_jax.config import preset
-from gqa_jax.model import T5, shift_right
+from gqa_jax.config import DecodeConfig, preset
+from gqa_jax.data.pipeline import shift_right
+from gqa_jax.model import T5
 
 V = 16  # a small vocabulary, so EOS (id 1) comes up and rows finish at different steps
 MAX = 10
@@ -56,30 +59,30 @@ def test_cpu_decode_loop_takes_weight_products_out_major():
     model = T5(preset("tiny", vocab_size=4096, num_kv_heads=2), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
-    kw = dict(max_decode_len=MAX, eos_id=1, greedy=True, top_k=0, top_p=1.0, return_logits=False)
-    assert "optimization_barrier" in decoding._decode_loop.lower(*args, **kw).as_text()
-    assert not decoding._fast_steps(mesh=object())
+    config = DecodeConfig(max_decode_len=MAX, eos_id=1)
+    assert "optimization_barrier" in decoding.decode_loop.lower(*args, config=config).as_text()
+    assert not cpu_step.use_for(SimpleNamespace(devices=np.empty((2, 4))))  # a mesh of 8 devices
 
 
 def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch):
     """Rows per chunk: the largest divisor of the batch within ENCODE_CHUNK_TOKENS tokens. The
     chunked encoder gives the batched cache, and the CPU loop (which chunks) still gives the
     cache-free path's tokens and logits."""
-    assert decoding.ENCODE_CHUNK_TOKENS == 1024
+    assert cpu_step.ENCODE_CHUNK_TOKENS == 1024
     rows = {(8, 512): 2, (32, 128): 8, (6, 300): 3, (8, 2048): 1}  # (batch, input length): rows
-    assert {bs: decoding.encode_chunk_rows(*bs) for bs in rows} == rows
-    assert decoding.encode_chunk_rows(*ENC.shape) == ENC.shape[0]  # the other tests: no chunks
+    assert {bs: cpu_step.encode_chunk_rows(*bs) for bs in rows} == rows
+    assert cpu_step.encode_chunk_rows(*ENC.shape) == ENC.shape[0]  # the other tests: no chunks
     model = tiny(2)
     ids = jnp.asarray(ENC, jnp.int32)
     graphdef, params = nnx.split(model)
     args = (graphdef, params, ids, jax.random.key(0), jnp.float32(0.0))
-    kw = dict(eos_id=1, greedy=True, top_k=0, top_p=1.0, return_logits=True)
 
     def loops(n: int) -> int:  # while loops of the CPU decode loop's program at length n
-        return decoding._decode_loop.lower(*args, max_decode_len=n, **kw).as_text().count("stablehlo.while")
+        config = DecodeConfig(max_decode_len=n, return_logits=True)
+        return decoding.decode_loop.lower(*args, config=config).as_text().count("stablehlo.while")
 
     unchunked = loops(MAX - 2)  # lengths no other test traces: fresh traces
-    monkeypatch.setattr(decoding, "ENCODE_CHUNK_TOKENS", ENC.shape[1])  # from here: one row per chunk
+    monkeypatch.setattr(cpu_step, "ENCODE_CHUNK_TOKENS", ENC.shape[1])  # from here: one row per chunk
     n = MAX - 1
     assert loops(n) == unchunked + 1  # the encoder's map over chunks
     batched, chunked = (decoding.prefill(model, ids, MAX, chunked=c) for c in (False, True))
@@ -100,18 +103,13 @@ def test_finished_rows_emit_pad_and_loop_stops_early(model):
         assert (row[n:] == 0).all()  # ... and only pad follows
     if (lengths < MAX).all():  # the while_loop ran max(lengths) steps, not MAX
         graphdef, params = nnx.split(model)
-        state = decoding._decode_loop(
+        state = decoding.decode_loop(
             graphdef,
             params,
             jnp.asarray(ENC),
             jax.random.key(0),
             jnp.float32(0.0),
-            max_decode_len=MAX,
-            eos_id=1,
-            greedy=True,
-            top_k=0,
-            top_p=1.0,
-            return_logits=False,
+            config=DecodeConfig(max_decode_len=MAX),
         )
         assert int(state.step) == lengths.max()
 
@@ -186,7 +184,7 @@ def teacher_forced_logprob(model: T5, enc: np.ndarray, seqs: np.ndarray, lengths
 
 def test_beam_of_one_without_length_penalty_is_greedy():
     model = tiny(1)  # MQA: one variant suffices (the cached == uncached tests cover all three)
-    beam = decoding.beam_search(model, ENC, MAX, beam_size=1, alpha=0.0)
+    beam = beam_search(model, ENC, MAX, beam_size=1, alpha=0.0)
     greedy = decoding.greedy_decode(model, ENC, MAX)
     np.testing.assert_array_equal(np.asarray(beam.tokens)[:, 0], np.asarray(greedy.tokens))
     np.testing.assert_array_equal(np.asarray(beam.lengths)[:, 0], np.asarray(greedy.lengths))
@@ -194,7 +192,7 @@ def test_beam_of_one_without_length_penalty_is_greedy():
 
 def test_beam_scores_are_length_penalized_teacher_forced_logprobs():
     model, alpha = tiny(2), 0.6  # GQA-2: grouped heads; one variant (CI time)
-    beam = decoding.beam_search(model, ENC, MAX, beam_size=3, alpha=alpha)
+    beam = beam_search(model, ENC, MAX, beam_size=3, alpha=alpha)
     tokens, lengths, scores = (np.asarray(x) for x in (beam.tokens, beam.lengths, beam.scores))
     assert np.isfinite(scores).all() and (np.diff(scores, axis=1) <= 0).all()  # best first
     B, W, T = tokens.shape
@@ -207,7 +205,7 @@ def test_exhaustive_beam_equals_brute_force():
     vocab, T, alpha = 4, 3, 0.6
     m = T5(preset("tiny", vocab_size=vocab, num_kv_heads=2), rngs=nnx.Rngs(7))
     enc = np.array([[2, 3, 2, 0], [3, 3, 0, 0]])
-    beam = decoding.beam_search(m, enc, T, beam_size=vocab**T, alpha=alpha)
+    beam = beam_search(m, enc, T, beam_size=vocab**T, alpha=alpha)
     # Every complete hypothesis: ends at its first EOS (id 1) or runs to length T.
     candidates = []
     for n in range(1, T + 1):
@@ -279,7 +277,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="sampling needs an explicit PRNG key"):
         decoding.sample_decode(m, ENC, MAX, temperature=1.0)
     with pytest.raises(ValueError, match="beam_size=0"):
-        decoding.beam_search(m, ENC, MAX, beam_size=0)
+        beam_search(m, ENC, MAX, beam_size=0)
     other = tiny(1)
     state = decoding.init_state(
         decoding.prefill(other, jnp.asarray(ENC), MAX), jax.random.key(0), vocab_size=V, return_logits=False

@@ -9,7 +9,7 @@ import pytest
 from gqa_jax.__main__ import main
 from gqa_jax.cache import cache_bytes_per_token, expected_cache_bytes
 from gqa_jax.config import T5_1_1_PRESETS, preset
-from gqa_jax.info import COMPONENTS, PUBLIC_T5_1_1_PARAMS, kv_heads_by_attention, param_counts
+from gqa_jax.tools.info import COMPONENTS, PUBLIC_T5_1_1_PARAMS, kv_heads_by_attention, param_counts
 
 # PAPER.md shapes, as (d_model, d_ff, layers, heads).
 SHAPES = {

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gqa_jax import layers
+from gqa_jax import cpu_step
 from gqa_jax.config import preset
-from gqa_jax.layers import MLP, RelativePositionBias, RMSNorm, project, relative_position_bucket, step_matmuls
+from gqa_jax.layers import MLP, RelativePositionBias, RMSNorm, project, relative_position_bucket
 
 # relative position = key position - query position. Hand-derived for 32 buckets, max distance
 # 128. Bidirectional: 16 buckets per direction, 8 exact; keys after the query get +16; a
@@ -85,13 +85,13 @@ def test_gated_gelu_mlp_matches_formula():
     ],
 )
 def test_project_out_major_equals_einsum(spec, x_shape, w_shape, monkeypatch):
-    """Inside step_matmuls, few-row products are taken out-major: the same numbers as einsum;
+    """Inside cpu_step.step, few-row products are taken out-major: the same numbers as einsum;
     outside it, project is einsum itself (the row range and small weights: the next test)."""
-    monkeypatch.setattr(layers, "STEP_MIN_WEIGHT", 0)  # these weights are small
+    monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)  # these weights are small
     kx, kw = jax.random.split(jax.random.key(0))
     x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
     ref = jnp.einsum(spec, x, w)
-    with step_matmuls():
+    with cpu_step.step():
         fast = jax.jit(lambda x, w: project(spec, x, w))
         hlo = fast.lower(x, w).as_text()
         out = fast(x, w)
@@ -101,16 +101,16 @@ def test_project_out_major_equals_einsum(spec, x_shape, w_shape, monkeypatch):
 
 
 def test_project_keeps_einsum_outside_the_row_range_and_for_small_weights(monkeypatch):
-    monkeypatch.setattr(layers, "STEP_MIN_WEIGHT", 0)
+    monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)
     x, w = jnp.ones((1, 1, 16)), jnp.ones((16, 24))  # one row: XLA's matrix-vector path is faster
     big = jnp.ones((65, 1, 16))
-    with step_matmuls():
+    with cpu_step.step():
         for rows in (x, big):
             assert (
                 "optimization_barrier"
                 not in jax.jit(lambda x: project("BTD,DF->BTF", x, w)).lower(rows).as_text()
             )
-    monkeypatch.setattr(layers, "STEP_MIN_WEIGHT", 16 * 24 + 1)  # one element more than w has
-    with step_matmuls():
+    monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 16 * 24 + 1)  # one element more than w has
+    with cpu_step.step():
         hlo = jax.jit(lambda x: project("BTD,DF->BTF", x, w)).lower(jnp.ones((8, 1, 16))).as_text()
     assert "optimization_barrier" not in hlo

@@ -1,14 +1,18 @@
-"""The command line's main job (for now the demo)."""
+"""The command line: the main job (the demo), the dispatcher, and `train`'s config parsing."""
+
+from pathlib import Path
+
+import pytest
 
 from gqa_jax.__main__ import main
 
 
 def test_demo_quick_scale_runs_every_stage(tmp_path, monkeypatch, capsys):
     """The main job end to end at smoke scale, on a 150-file slice of the stdlib."""
-    from gqa_jax.data import stdlib_suite
+    from gqa_jax.data import stdlib_extract
 
-    monkeypatch.setenv(stdlib_suite.MAX_FILES_ENV, "150")
-    monkeypatch.delenv(stdlib_suite.ROOT_ENV, raising=False)
+    monkeypatch.setenv(stdlib_extract.MAX_FILES_ENV, "150")
+    monkeypatch.delenv(stdlib_extract.ROOT_ENV, raising=False)
     args = ["demo", "--scale", "quick", "--workdir", str(tmp_path / "mini"), "--data-dir", str(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -46,3 +50,116 @@ def test_top_level_help_still_lists_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("demo", "bench", "train", "plan", "data", "convert", "info"):
         assert command in out
+
+
+def test_top_level_help_builds_no_command():
+    """`--help` lists the commands without building their arguments (no heavy imports)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gqa_jax.__main__ import main; rc = main(['--help']); "
+        "print(sorted(m for m in ('gqa_jax.reproduce', 'gqa_jax.data.tasks', 'tensorflow_datasets', "
+        "'ml_collections', 'gqa_jax.training') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+# ------------------------------------------------------------------------------- train's config
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train_config(*argv):
+    """`train`'s config as the command line parses it (no training run)."""
+    from gqa_jax.__main__ import parse
+    from gqa_jax.cli import train
+
+    args = parse(["train", "--config", str(REPO / "configs" / "pretrain.py"), "--workdir", "w", *argv])
+    assert args.workdir == "w"
+    return train.config(args)
+
+
+def train_error(capsys, *argv, config="pretrain.py"):
+    """`train`'s exit code 2 and its one-line error (the config fails before any training)."""
+    assert main(["train", "--config", str(REPO / "configs" / config), "--workdir", "w", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("python -m gqa_jax train: error: ")
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--config.num_train_steps=5",),
+        ("--config.num_train_steps", "5"),
+    ],
+)
+def test_train_overrides_with_equals_or_space(argv):
+    assert train_config(*argv).num_train_steps == 5
+
+
+def test_train_overrides_nested_bool_float_tuple_fields():
+    config = train_config(
+        "--config.model.num_kv_heads", "2", "--config.z_loss", "-1e-3", "--config.optimizer.learning_rate=1",
+        "--config.progress=False", "--noconfig.pack", "--config.mesh", "2x4",
+        "--config.model.grouped_attentions", "cross", "--config.model.grouped_attentions=decoder_self",
+    )  # fmt: skip
+    assert config.model.num_kv_heads == 2 and config.z_loss == -1e-3
+    assert config.optimizer.learning_rate == 1.0 and isinstance(config.optimizer.learning_rate, float)
+    assert config.progress is False and config.pack is False and config.mesh == "2x4"
+    assert config.model.grouped_attentions == ("cross", "decoder_self")
+
+
+def test_train_none_default_fields_are_typed(capsys):
+    assert train_config().input_length is None
+    assert train_config("--config.input_length", "12").input_length == 12
+    assert train_config("--config.init_from=runs/x/model").init_from == "runs/x/model"
+    err = train_error(capsys, "--config.input_length", "long")
+    assert "config.input_length takes a value of type int" in err
+
+
+def test_train_unknown_field_lists_the_known_fields(capsys):
+    err = train_error(capsys, "--config.num_train_step=5")
+    assert "no field 'num_train_step'" in err and "did you mean num_train_steps?" in err
+    for field in ("batch_size", "num_train_steps", "model.num_kv_heads", "uptrain.alpha", "z_loss"):
+        assert field in err
+    err = train_error(capsys, "--config.model.num_kv_head", "2")
+    assert "config.model has no field 'num_kv_head'" in err and "model.num_kv_heads" in err
+    assert "batch_size" not in err  # the fields of the section named
+    err = train_error(capsys, "--config.batch_size.rows=2")
+    assert "config.batch_size is a field (int), not a section" in err
+
+
+def test_train_wrong_type_names_the_field(capsys):
+    err = train_error(capsys, "--config.batch_size=big")
+    assert "config.batch_size takes a value of type int" in err and "'big'" in err
+    err = train_error(capsys, "--config.pack=maybe")
+    assert "config.pack takes a value of type bool" in err
+
+
+def test_train_refuses_stray_arguments(capsys):
+    assert "unrecognized argument --batch" in train_error(capsys, "--batch", "8")
+    assert "unexpected argument(s) False" in train_error(capsys, "--config.pack", "False")  # bools: =False
+
+
+def test_train_variants(capsys):
+    from gqa_jax.__main__ import parse
+    from gqa_jax.cli import train
+
+    spec = f"{REPO / 'configs' / 'finetune.py'}:task=stdlib_docsum,init=/m,steps=7"
+    config = train.config(parse(["train", "--config", spec, "--workdir", "w"]))
+    assert (config.recipe, config.task, config.init_from, config.num_train_steps) == (
+        "finetune", "stdlib_docsum", "/m", 7
+    )  # fmt: skip
+    err = train_error(capsys, config="finetune.py:task=stdlib_docsum,tsk=x")
+    assert "configs/finetune.py: unknown variant keys ['tsk']; known: task, init, model, steps" in err
+    err = train_error(capsys, config="finetune.py:task")
+    assert "config variant item 'task' must look like key=value" in err
+
+
+def test_train_help_names_the_override_forms(capsys):
+    assert main(["train", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--config.FIELD=VALUE or --config.FIELD VALUE" in out and "configs/base.py" in out

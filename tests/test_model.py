@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from gqa_jax.config import ATTENTION_KINDS, preset
-from gqa_jax.model import T5, shift_right
+from gqa_jax.data.pipeline import shift_right
+from gqa_jax.model import T5
 
 ENC = jnp.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0], [14, 15, 0, 0, 0, 0]])
 DEC = jnp.array([[0, 3, 4, 5], [0, 6, 7, 8], [0, 9, 10, 11]])

@@ -13,9 +13,9 @@ import pytest
 from flax import nnx
 
 from gqa_jax import decoding, training
-from gqa_jax.bench_train import synthetic_batch
 from gqa_jax.config import preset
 from gqa_jax.model import T5
+from gqa_jax.tools.bench_train import synthetic_batch
 
 HERE = Path(__file__).resolve().parent
 # The data axis spans the processes: each feeds half the rows; K = 8 shards over model.

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gqa_jax import cache, plan
+from gqa_jax import cache
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
-from gqa_jax.info import param_counts
+from gqa_jax.tools import batch_search, plan
+from gqa_jax.tools.info import param_counts
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,17 +69,17 @@ def test_batch_search_on_an_affine_memory_finds_and_verifies_the_boundary():
         calls.append(b)
         return affine(b)
 
-    res = plan.search_batch(measure, 16, 2, limit, log=lambda m: None)
+    res = batch_search.search_batch(measure, 16, 2, limit, log=lambda m: None)
     best = res["largest_batch"]
     assert best % 2 == 0 and affine(best) <= limit < affine(best + 2)
     assert {16, 2, best, best + 2} <= set(calls) and len(calls) == len(set(calls)) <= 6
     assert "verified by compiling batch" in res["how"]
     # nothing fits: the smallest-batch compile of the fit is the verification
-    res = plan.search_batch(lambda b: 5000 + b, 8, 4, limit, log=lambda m: None)
+    res = batch_search.search_batch(lambda b: 5000 + b, 8, 4, limit, log=lambda m: None)
     assert res["largest_batch"] == 0 and "smallest batch 4 does not fit" in res["how"]
     # the requested batch is the smallest: the second point is twice it
     calls.clear()
-    res = plan.search_batch(measure, 2, 2, limit, log=lambda m: None)
+    res = batch_search.search_batch(measure, 2, 2, limit, log=lambda m: None)
     assert calls[:2] == [2, 4] and affine(res["largest_batch"]) <= limit < affine(res["largest_batch"] + 2)
 
 
@@ -104,7 +105,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
 SCRIPT = textwrap.dedent(
     """
     import json
-    from gqa_jax import plan
+    from gqa_jax.tools import plan
     from gqa_jax.__main__ import main
 
     out = {}
@@ -151,4 +152,4 @@ def test_eight_devices_cache_and_arguments_per_device():
 @pytest.mark.parametrize("bad", [dict(batch=0), dict(hbm_gib=0), dict(programs=())])
 def test_settings_are_checked(bad):
     with pytest.raises(ValueError):
-        plan._check(_settings(**bad))
+        plan.check_settings(_settings(**bad))

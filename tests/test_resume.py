@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from gqa_jax import metrics
-from gqa_jax.data import stdlib_suite
+from gqa_jax.data import stdlib_extract, stdlib_suite
 
 REPO = Path(__file__).resolve().parents[1]
 N = 5
@@ -26,18 +26,18 @@ COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "
 @pytest.fixture(scope="module")
 def suite_subset(tmp_path_factory):
     """The embedded suite built from the first 16 stdlib files (and the env that selects it)."""
-    env = dict(os.environ, **{stdlib_suite.MAX_FILES_ENV: "16"})
-    env.pop(stdlib_suite.ROOT_ENV, None)
+    env = dict(os.environ, **{stdlib_extract.MAX_FILES_ENV: "16"})
+    env.pop(stdlib_extract.ROOT_ENV, None)
     data = tmp_path_factory.mktemp("suite")
-    old = os.environ.get(stdlib_suite.MAX_FILES_ENV)
-    os.environ[stdlib_suite.MAX_FILES_ENV] = "16"
+    old = os.environ.get(stdlib_extract.MAX_FILES_ENV)
+    os.environ[stdlib_extract.MAX_FILES_ENV] = "16"
     try:
         stdlib_suite.build_suite(data, names=("stdlib_corpus",), log=lambda _: None)
     finally:
         if old is None:
-            del os.environ[stdlib_suite.MAX_FILES_ENV]
+            del os.environ[stdlib_extract.MAX_FILES_ENV]
         else:
-            os.environ[stdlib_suite.MAX_FILES_ENV] = old
+            os.environ[stdlib_extract.MAX_FILES_ENV] = old
     return data, env
 
 

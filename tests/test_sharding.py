@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from gqa_jax import sharding
+from gqa_jax import distributed, sharding
 
 HERE = Path(__file__).resolve().parent
 
@@ -86,7 +86,7 @@ def test_cache_layout_divides_the_formula_by_the_shards():
     fake = type("M", (), {"shape": {"data": 2, "model": 4}, "axis_names": ("data", "model")})()
     for k, kv_shards in ((8, 4), (4, 4), (2, 1), (1, 1)):
         cfg = preset("tiny", num_heads=8, num_kv_heads=k, grouped_attentions=("decoder_self", "cross"))
-        layout, replicated = sharding.cache_layout(cfg, fake, 4, 16, 8, "bfloat16")
+        layout, replicated = cache.cache_layout(cfg, fake, 4, 16, 8, "bfloat16")
         total = cache.expected_cache_bytes(cfg, 4, 16, 8, "bfloat16")
         for kind in ("self", "cross"):
             assert layout[kind]["total_bytes"] == total[kind]
@@ -127,13 +127,13 @@ def test_bad_input():
     with pytest.raises(ValueError, match="no entry for logical axes"):
         sharding.check_rules({"batch": "data"}, mesh)
     with pytest.raises(ValueError, match="without the number of processes"):
-        sharding.initialize_distributed("127.0.0.1:1234")
+        distributed.initialize_distributed("127.0.0.1:1234")
 
 
 def test_train_config_mesh_errors():
     from gqa_jax import run_config, training
 
-    config = run_config.base_train_config()
+    config = run_config.load(Path(__file__).resolve().parents[1] / "configs" / "base.py")
     config.mesh = "2x4"
     config.batch_size = 7
     with pytest.raises(ValueError, match="batch_size=7 is not divisible by the data axis \\(2\\)"):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gqa_jax.data import stdlib_extract as sx
 from gqa_jax.data import stdlib_suite as ss
 
 MODULE = '''#!/usr/bin/env python3
@@ -68,13 +69,13 @@ def _without(text: str, *needles: str) -> str:
 
 def _forget_files() -> None:
     """Drop the per-process caches, as a new process would (the files changed under us)."""
-    for cached in (ss._read_files, ss._parsed, ss._config):
+    for cached in (sx.read_files, sx.parsed, ss._config):
         cached.cache_clear()
 
 
 @pytest.fixture
-def module() -> ss.Module:
-    parsed = ss.parse_module("pkg/tools.py", MODULE)
+def module() -> sx.Module:
+    parsed = sx.parse_module("pkg/tools.py", MODULE)
     assert parsed is not None
     return parsed
 
@@ -93,26 +94,26 @@ def module() -> ss.Module:
     ],
 )
 def test_first_sentence(doc, sentence):
-    assert ss.first_sentence(doc) == sentence
+    assert sx.first_sentence(doc) == sentence
 
 
 def test_first_paragraph():
-    assert ss.first_paragraph("  One\n two.\n\n  Three.\n") == "One two."
-    assert ss.first_paragraph("One.\n   \nTwo.") == "One."  # a whitespace-only line is blank
+    assert sx.first_paragraph("  One\n two.\n\n  Three.\n") == "One two."
+    assert sx.first_paragraph("One.\n   \nTwo.") == "One."  # a whitespace-only line is blank
 
 
 def test_module_docstring_removed_exactly(module):
-    (example,) = ss.modsum_examples(module)
+    (example,) = sx.modsum_examples(module)
     assert example["id"] == "pkg/tools.py"
     assert example["summary"] == "Tools for testing the suite."
-    assert example["source"] == ss.remove_lines(MODULE, 2, 5)
+    assert example["source"] == sx.remove_lines(MODULE, 2, 5)
     assert example["source"] == MODULE.replace(
         '"""Tools for testing the suite.\n\nMore words here.\n"""\n', ""
     )
 
 
 def test_docsum_examples(module):
-    examples = {e["id"].split(":")[1]: e for e in ss.docsum_examples(module)}
+    examples = {e["id"].split(":")[1]: e for e in sx.docsum_examples(module)}
     # one_liner: docstring on the def line; only_doc: nothing left; shared: code after the docstring.
     assert sorted(examples) == ["Box.__repr__", "Box.open", "documented"]
     documented = examples["documented"]
@@ -127,7 +128,7 @@ def test_docsum_examples(module):
 
 
 def test_qa_examples(module):
-    examples = list(ss.qa_examples(module))
+    examples = list(sx.qa_examples(module))
     # Dunders and functions without a removable docstring are never asked.
     assert sorted(e["answer"] for e in examples) == ["documented", "open"]
     by_answer = {e["answer"]: e for e in examples}
@@ -136,7 +137,7 @@ def test_qa_examples(module):
     assert qa["id"] == "pkg/tools.py:Box.open:22"
     assert qa["source"] == _without(MODULE, "Öpen the box", "Second line of the first")
     assert '"""Return the thing.' in qa["source"]  # the other docstrings stay
-    assert by_answer["documented"]["source"] == ss.remove_lines(MODULE, 12, 15)
+    assert by_answer["documented"]["source"] == sx.remove_lines(MODULE, 12, 15)
 
 
 def test_qa_rules(monkeypatch):
@@ -147,40 +148,40 @@ def test_qa_rules(monkeypatch):
         + "def g():\n    '''Compute value 0.'''\n    return 0\n\n"
         + "def helper():\n    '''Call helper twice.'''\n    return 0\n"
     )
-    module = ss.parse_module("m.py", text)
-    answers = [e["answer"] for e in ss.qa_examples(module)]
+    module = sx.parse_module("m.py", text)
+    answers = [e["answer"] for e in sx.qa_examples(module)]
     # `run` is ambiguous (two defs); f0 and g share a question; helper names itself: never asked.
     assert sorted(answers) == ["f1", "f2", "f3", "f4", "f5"]
     keys = [hashlib.sha256(f"m.py:{name}".encode()).hexdigest() for name in answers]
     assert keys == sorted(keys)
 
-    monkeypatch.setattr(ss, "QA_PER_MODULE", 2)
-    assert [e["answer"] for e in ss.qa_examples(module)] == answers[:2]  # a stable choice by sha256
-    monkeypatch.setattr(ss, "QA_PER_MODULE", 8)
-    monkeypatch.setattr(ss, "QA_WINDOW_CHARS", text.index("def f3"))
-    assert sorted(e["answer"] for e in ss.qa_examples(module)) == ["f1", "f2"]
+    monkeypatch.setattr(sx, "QA_PER_MODULE", 2)
+    assert [e["answer"] for e in sx.qa_examples(module)] == answers[:2]  # a stable choice by sha256
+    monkeypatch.setattr(sx, "QA_PER_MODULE", 8)
+    monkeypatch.setattr(sx, "QA_WINDOW_CHARS", text.index("def f3"))
+    assert sorted(e["answer"] for e in sx.qa_examples(module)) == ["f1", "f2"]
 
 
 def test_summary_filters_and_caps():
     text = "def f():\n    '''curses.panel'''\n    return 1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11 + 12\n"
-    assert list(ss.docsum_examples(ss.parse_module("m.py", text))) == []  # one word
-    assert ss.parse_module("bad.py", "def f(:\n") is None
-    assert ss.cap_source("ab\ncd\nef\n", 7) == "ab\ncd\n"
-    assert ss.cap_source("abcdef", 3) == "abc"
-    assert ss.cap_source("ab\n", 3) == "ab\n"
+    assert list(sx.docsum_examples(sx.parse_module("m.py", text))) == []  # one word
+    assert sx.parse_module("bad.py", "def f(:\n") is None
+    assert sx.cap_source("ab\ncd\nef\n", 7) == "ab\ncd\n"
+    assert sx.cap_source("abcdef", 3) == "abc"
+    assert sx.cap_source("ab\n", 3) == "ab\n"
     with pytest.raises(ValueError, match="out of range"):
-        ss.remove_lines("a\nb", 2, 3)
+        sx.remove_lines("a\nb", 2, 3)
 
 
 def test_split_is_stable_and_balanced():
     # sha256 of the relative path, never Python's hash(): these never change across runs.
-    assert [ss.split_of(p) for p in ("os.py", "json/__init__.py", "mod0.py", "mod14.py")] == [
+    assert [sx.split_of(p) for p in ("os.py", "json/__init__.py", "mod0.py", "mod14.py")] == [
         "validation",
         "train",
         "test",
         "validation",
     ]
-    counts = collections.Counter(ss.split_of(f"m{i}.py") for i in range(4000))
+    counts = collections.Counter(sx.split_of(f"m{i}.py") for i in range(4000))
     assert 0.88 < counts["train"] / 4000 < 0.92 and counts["validation"] > 150 and counts["test"] > 150
 
 
@@ -211,8 +212,8 @@ def _write_root(root: Path) -> Path:
 @pytest.fixture
 def synthetic(tmp_path, monkeypatch) -> Path:
     root = _write_root(tmp_path / "lib")
-    monkeypatch.setenv(ss.ROOT_ENV, str(root))
-    monkeypatch.delenv(ss.MAX_FILES_ENV, raising=False)
+    monkeypatch.setenv(sx.ROOT_ENV, str(root))
+    monkeypatch.delenv(sx.MAX_FILES_ENV, raising=False)
     return root
 
 
@@ -229,15 +230,15 @@ def _read_all(data_dir: Path) -> dict[tuple[str, str], list[dict]]:
 
 
 def test_fingerprint_and_file_rule(synthetic):
-    fp = ss.stdlib_fingerprint()
+    fp = sx.stdlib_fingerprint()
     assert fp["num_files"] == 5  # broken, latin, mod0, mod1, mod14
     assert fp["undecodable_files"] == ["latin.py"]
     assert fp["stdlib_dir"] == str(synthetic.resolve())
-    assert ss.suite_config_name() == f"py{fp['python_version']}-{fp['files_sha256'][:12]}"
+    assert sx.suite_config_name() == f"py{fp['python_version']}-{fp['files_sha256'][:12]}"
     (synthetic / "mod1.py").write_text(MODULE + "\n", encoding="utf-8")
-    assert ss.stdlib_fingerprint()["files_sha256"] == fp["files_sha256"]  # once per process
+    assert sx.stdlib_fingerprint()["files_sha256"] == fp["files_sha256"]  # once per process
     _forget_files()
-    assert ss.stdlib_fingerprint()["files_sha256"] != fp["files_sha256"]
+    assert sx.stdlib_fingerprint()["files_sha256"] != fp["files_sha256"]
 
 
 def test_build_read_back_and_errors(synthetic, tmp_path, capsys):
@@ -261,12 +262,12 @@ def test_build_read_back_and_errors(synthetic, tmp_path, capsys):
     corpus = {e["path"]: e["text"] for rows in examples.values() for e in rows if "path" in e}
     assert corpus[b"mod1.py"] == MODULE.encode()
 
-    config = ss.suite_config_name()
+    config = sx.suite_config_name()
     import tensorflow_datasets as tfds
 
     info = tfds.builder(f"stdlib_qa/{config}:{ss.SUITE_VERSION}", data_dir=tmp_path / "d1").info
-    assert info.metadata["files_sha256"] == ss.stdlib_fingerprint()["files_sha256"]
-    assert info.metadata["python_version"] == ss.stdlib_fingerprint()["python_version"]
+    assert info.metadata["files_sha256"] == sx.stdlib_fingerprint()["files_sha256"]
+    assert info.metadata["python_version"] == sx.stdlib_fingerprint()["python_version"]
     plain = tfds.data_source("stdlib_qa", split="validation", data_dir=tmp_path / "d1", download=False)
     assert [plain[i] for i in range(len(plain))] == examples["stdlib_qa", "validation"]  # default config
 
@@ -281,7 +282,7 @@ def test_build_read_back_and_errors(synthetic, tmp_path, capsys):
     # A different stdlib is a new config: a new directory, the old one untouched.
     (synthetic / "mod0.py").unlink()
     _forget_files()
-    assert ss.suite_config_name() != config
+    assert sx.suite_config_name() != config
     with pytest.raises(ValueError, match=f"built there: {config}"):
         ss.suite_data_source("stdlib_qa", "train", tmp_path / "d1")
     counts2 = ss.build_suite(tmp_path / "d1", names=("stdlib_modsum",), log=logs.append)
@@ -297,16 +298,16 @@ def test_cli(synthetic, tmp_path, capsys):
     args = parser.parse_args(["--data-dir", str(tmp_path / "d"), "--names", "stdlib_qa", "--vocab-size", "0"])
     assert ss.run_build_suite(args) == 0
     out = capsys.readouterr().out
-    assert ss.suite_config_name() in out
+    assert sx.suite_config_name() in out
     assert [line.split()[:4] for line in out.splitlines() if line.startswith("stdlib_qa")] == [
         ["stdlib_qa", "2", "2", "2"]
     ]
 
 
 def test_real_stdlib_subset_is_deterministic(tmp_path, monkeypatch):
-    monkeypatch.delenv(ss.ROOT_ENV, raising=False)
-    monkeypatch.setenv(ss.MAX_FILES_ENV, "24")
-    fp = ss.stdlib_fingerprint()
+    monkeypatch.delenv(sx.ROOT_ENV, raising=False)
+    monkeypatch.setenv(sx.MAX_FILES_ENV, "24")
+    fp = sx.stdlib_fingerprint()
     assert fp["stdlib_dir"] == str(Path(sysconfig.get_paths()["stdlib"]).resolve())
     assert fp["num_files"] == 24
     counts = ss.build_suite(tmp_path / "a", log=lambda _: None)
@@ -322,7 +323,7 @@ def test_real_stdlib_subset_is_deterministic(tmp_path, monkeypatch):
 
     # The suite vocabulary: trained once from the corpus's train split, beside the data, then loaded.
     path = ss.suite_vocab_path(tmp_path / "a", 600)
-    assert path == tmp_path / "a" / "stdlib_vocab" / ss.suite_config_name() / "spm600.model"
+    assert path == tmp_path / "a" / "stdlib_vocab" / sx.suite_config_name() / "spm600.model"
     vocab = ss.suite_vocab(tmp_path / "a", 600, log=lambda _: None)
     assert path.is_file() and vocab.sp_size == 600
     text = first["stdlib_corpus", "train"][0]["text"].decode()[:2000]

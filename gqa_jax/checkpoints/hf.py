@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safetensors' numpy reader can return it)
 import numpy as np
-from flax import nnx
 from flax.nnx import traversals
 from safetensors import safe_open
 
+from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
 
@@ -68,7 +68,7 @@ def load_hf_t5(path: str | os.PathLike, *, dtype: str = "float32") -> tuple[T5, 
         stored = {f.get_slice(n).get_dtype() for n, f in handles.items()}
         param_dtype = _DTYPES[stored.pop()] if len(stored) == 1 and stored <= set(_DTYPES) else "float32"
         config = _model_config(hf, dtype=dtype, param_dtype=param_dtype, tie_word_embeddings=False)
-        tensors = _tensor_map(config)
+        tensors = tensor_map(config)
         _check_tensors(tensors, shapes, config)
 
         def read(name: str) -> np.ndarray:
@@ -100,7 +100,7 @@ def load_hf_t5(path: str | os.PathLike, *, dtype: str = "float32") -> tuple[T5, 
                 params[target] = jnp.asarray(transform(read(name)))
         if not config.tie_word_embeddings:
             params[("lm_head",)] = jnp.asarray((head if separate_head else shared).T)  # [D, V], a copy
-        return _build(config, params), config
+        return model_lib.build(config, traversals.unflatten_mapping(params)), config
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
@@ -164,7 +164,7 @@ def _model_config(hf: dict[str, Any], **fields: Any) -> ModelConfig:
     )
 
 
-def _tensor_map(c: ModelConfig) -> TensorMap:
+def tensor_map(c: ModelConfig) -> TensorMap:
     """Every required HF tensor: ``name -> (HF shape, our parameter path, HF -> ours)``."""
     D, F, N, H, V = c.d_model, c.d_ff, c.num_heads, c.head_dim, c.vocab_size
 
@@ -234,18 +234,3 @@ def _check_tensors(tensors: TensorMap, shapes: dict[str, tuple[int, ...]], c: Mo
             f"num_heads={c.num_heads}, d_kv={c.head_dim}, layers={c.num_encoder_layers}/"
             f"{c.num_decoder_layers}, feed_forward_proj={c.mlp_activation!r}):\n" + "\n".join(problems)
         )
-
-
-def _build(config: ModelConfig, params: dict[Path_, jax.Array]) -> T5:
-    """A ``T5`` whose parameters are ``params``, without initializing random weights first."""
-    model = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))  # shapes only, no memory
-    state = nnx.state(model)
-    abstract = dict(nnx.to_flat_state(state))
-    if set(abstract) != set(params):  # the name table above is out of date with gqa_jax.model
-        raise RuntimeError(f"HF import mapping out of sync with T5: {sorted(set(abstract) ^ set(params))}")
-    for p, value in params.items():
-        if value.shape != abstract[p].shape:
-            raise RuntimeError(f"HF import produced {p} of shape {value.shape}, T5 wants {abstract[p].shape}")
-    nnx.replace_by_pure_dict(state, traversals.unflatten_mapping(params))
-    nnx.update(model, state)
-    return model

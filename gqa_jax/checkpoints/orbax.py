@@ -28,6 +28,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
 
@@ -110,9 +111,7 @@ def load(path: str | os.PathLike) -> tuple[T5, ModelConfig]:
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path / CONFIG}: invalid model config: {e}") from e
 
-    model = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
-    state = nnx.state(model, nnx.Param)
-    target = nnx.to_pure_dict(state)  # nested dict of jax.ShapeDtypeStruct
+    target = nnx.to_pure_dict(nnx.state(model_lib.abstract(config), nnx.Param))  # ShapeDtypeStructs
     with ocp.StandardCheckpointer() as checkpointer:
         try:
             stored = checkpointer.metadata(path / PARAMS).item_metadata.tree
@@ -120,9 +119,7 @@ def load(path: str | os.PathLike) -> tuple[T5, ModelConfig]:
             raise ValueError(f"{path / PARAMS}: cannot read the orbax parameter metadata: {e}") from e
         _check_matches(dict(_flatten(target)), dict(_flatten(stored)), path)
         params = checkpointer.restore(path / PARAMS, target)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(model, state)
-    return model, config
+    return model_lib.build(config, params), config
 
 
 def _check_matches(expected: dict[str, Any], stored: dict[str, Any], path: Path) -> None:

@@ -34,11 +34,11 @@ import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gqa_jax.data.locations import default_data_dir
 from gqa_jax.data.span_corruption import span_corruption_lengths
 
 Example = Mapping[str, Any]
@@ -227,14 +227,6 @@ def get_task(name: str | Task) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
     return TASKS[name]
-
-
-def default_data_dir() -> str:
-    """``$GQA_JAX_DATA_DIR``, else ``$TFDS_DATA_DIR``, else TFDS's default ``~/tensorflow_datasets``."""
-    for var in ("GQA_JAX_DATA_DIR", "TFDS_DATA_DIR"):
-        if os.environ.get(var):
-            return os.environ[var]
-    return str(Path("~/tensorflow_datasets").expanduser())
 
 
 class DatasetNotPreparedError(FileNotFoundError):

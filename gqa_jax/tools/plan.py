@@ -1,10 +1,11 @@
 """``python -m gqa_jax plan``: per-device memory of the sharded train step and the greedy decode
 loop, compiled ahead of time on abstract shapes (no weights are allocated).
 
-Both programs are built exactly as a run builds them: the train step is ``training._train_step``
-jitted with the ``TrainState`` shardings of the rule table (``sharding.state_shardings``), the batch
-rows over ``data`` and the state donated, traced inside ``sharding.activation_sharding``; the decode
-loop is ``decoding._decode_loop`` (greedy, prefill included) with ``mesh=``. Their inputs are
+Both programs are built exactly as a run builds them: the train step is
+``training.make_train_step`` with ``mesh=`` and the ``TrainState`` shardings of the rule table
+(``training.state_shardings``): the batch rows over ``data``, the state donated, traced inside
+``sharding.activation_sharding``; the decode loop is ``decoding.decode_loop`` (greedy, prefill
+included) with ``mesh=``. Their inputs are
 ``jax.ShapeDtypeStruct``s carrying those shardings; ``jax.jit(...).lower(...).compile()`` then
 gives ``memory_analysis()``, which for an SPMD-partitioned program counts ONE device's buffers.
 
@@ -13,7 +14,7 @@ Per device, for each program:
   params, optimizer state  exact: every leaf's bytes divided by its shards (a dimension the mesh
                            axis does not divide is replicated, not divided), summed. With the batch
                            inputs they add up to the executable's argument size (checked).
-  KV cache (formula)       ``sharding.cache_layout``: ``cache.expected_cache_bytes / shards``, where a
+  KV cache (formula)       ``cache.cache_layout``: ``cache.expected_cache_bytes / shards``, where a
                            K/V-head axis that ``model`` does not divide is held whole by every device.
   KV cache (compiled)      the decode executable's output cache arrays, at the shardings the
                            compiler gave them (checked against the formula).
@@ -37,52 +38,44 @@ with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` to simulate N device
 scheduling and layouts differ from TPU / GPU, so temporaries are indicative; params, optimizer
 state and the cache are exact everywhere. XLA:CPU computes bfloat16 matmuls in float32, which
 makes float32 copies of their bfloat16 operands: the plan keeps these per decode step rather than
-hoisted out of the loop (``CPU_COMPILE_OPTIONS``), but the train step's temporaries on CPU still
-hold some float32 where a TPU holds bfloat16. Run the same command on the target machine for its
-compiler's numbers.
+hoisted out of the loop (``compiled_memory.CPU_COMPILE_OPTIONS``), but the train step's
+temporaries on CPU still hold some float32 where a TPU holds bfloat16. Run the same command on
+the target machine for its compiler's numbers.
+
+The measuring side is ``tools.compiled_memory``, the batch search ``tools.batch_search``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from gqa_jax import cache as kvcache
 from gqa_jax import decoding, training
+from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import ModelConfig, preset
-from gqa_jax.model import EOS_ID, T5
+from gqa_jax.config import DecodeConfig, ModelConfig, preset
+from gqa_jax.model import EOS_ID
+from gqa_jax.tools.batch_search import search_batch
+from gqa_jax.tools.compiled_memory import (
+    GIB,
+    argument_bytes,
+    compile_lowered,
+    device_bytes,
+    memory,
+    with_shardings,
+)
+from gqa_jax.tools.info import attention_name, human_bytes
+from gqa_jax.tools.timing import md_table
 
-GIB = 2**30
 DEFAULT_HBM_GIB = 32.0  # TPU v4, the paper's chip (v5p: 95, H100: 80)
 PROGRAMS = ("train", "decode")
-MAX_REFITS = 2
-
-# XLA options on the CPU backend only.
-# - LLVM optimizations off: the plan never runs the executables (tiny train step on 2 cores:
-#   12 s instead of 18 s to compile; buffer sizes unchanged).
-# - No while-loop invariant code motion: XLA:CPU has no bfloat16 matmul, so it computes every
-#   bfloat16 dot in float32, and this pass then hoists the float32 conversions of loop-invariant
-#   operands out of the decode loop: a float32 copy of every decoder weight and of the whole
-#   cross-attention K/V cache (twice its bytes) held for the whole loop, which a TPU or GPU (native
-#   bfloat16 matmuls) never makes. Without the pass the conversions stay per step, transient
-#   (tiny decode: temporaries 244 KB -> 125 KB). The train step has no loop (unless micro-batched).
-# Measured and not used: "xla_cpu_use_fusion_emitters": False halves the tiny train step's compile
-# (6 s) but doubled xxl's (464 s instead of 247 s).
-CPU_COMPILE_OPTIONS: dict[str, Any] = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_disable_hlo_passes": "while-loop-invariant-code-motion",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,45 +92,6 @@ class PlanSettings:
     num_microbatches: int = 1
     programs: tuple[str, ...] = PROGRAMS
     batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
-
-
-# ------------------------------------------------------------------------------- bytes
-def _itemsize(dtype: Any) -> int:
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):  # a typed PRNG key: its key data
-        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
-        return math.prod(data.shape) * np.dtype(data.dtype).itemsize
-    return np.dtype(dtype).itemsize
-
-
-def device_bytes(tree: Any) -> int:
-    """Bytes one device holds of ``tree`` (``ShapeDtypeStruct``s or arrays with shardings): each
-    leaf's shard (``sharding.shard_shape``: a dimension not split is held whole), summed."""
-    leaves = jax.tree.leaves(tree)
-    return sum(math.prod(x.sharding.shard_shape(tuple(x.shape))) * _itemsize(x.dtype) for x in leaves)
-
-
-def _abstract(tree: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def memory(compiled: Any) -> dict[str, int]:
-    """``compiled.memory_analysis()`` of one device, and ``total`` = argument + output - alias +
-    temp + generated code (host-side sizes added when the backend reports any)."""
-    m = compiled.memory_analysis()
-    out = {
-        "argument": int(m.argument_size_in_bytes),
-        "output": int(m.output_size_in_bytes),
-        "alias": int(m.alias_size_in_bytes),
-        "temp": int(m.temp_size_in_bytes),
-        "generated_code": int(m.generated_code_size_in_bytes),
-    }
-    host = sum(
-        int(getattr(m, f"host_{k}_size_in_bytes", 0) or 0)
-        for k in ("argument", "output", "temp", "generated_code")
-    ) - int(getattr(m, "host_alias_size_in_bytes", 0) or 0)
-    out["host"] = host
-    out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"] + out["generated_code"] + host
-    return out
 
 
 # ------------------------------------------------------------------------------- the setup
@@ -159,7 +113,7 @@ class _Setup:
     param_replicated: list = dataclasses.field(default_factory=list)
 
 
-def _check(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, Any]:
+def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, Any]:
     """Configs and mesh, with clear errors before anything slow happens."""
     unknown = [p for p in (*settings.programs, *settings.batch_search) if p not in PROGRAMS]
     if unknown:
@@ -194,43 +148,22 @@ def _check(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, Any]:
 
 
 def _setup(settings: PlanSettings) -> _Setup:
-    train_config, decode_config, mesh = _check(settings)
+    train_config, decode_config, mesh = check_settings(settings)
     s = _Setup(settings, train_config, decode_config, mesh, mesh.shape["data"])
     if "train" in settings.programs:
         s.optimizer = training.make_optimizer(training.OptimizerConfig())
-        s.train_graphdef, _ = training.split_model(nnx.eval_shape(lambda: T5(train_config, rngs=nnx.Rngs(0))))
-        abstract = jax.eval_shape(
-            lambda: training.init_state(T5(train_config, rngs=nnx.Rngs(0)), s.optimizer, 0)
-        )
-        s.state_shardings = sharding_lib.state_shardings(abstract, mesh)
-        s.train_state = _abstract(abstract, s.state_shardings)
+        s.train_graphdef, _ = training.split_model(model_lib.abstract(train_config))
+        abstract = jax.eval_shape(lambda: training.init_state(model_lib.build(train_config), s.optimizer, 0))
+        s.state_shardings = training.state_shardings(abstract, mesh)
+        s.train_state = with_shardings(abstract, s.state_shardings)
         _, s.param_replicated = sharding_lib.param_shardings(abstract.params, mesh)
     if "decode" in settings.programs:
-        s.decode_graphdef, params = training.split_model(
-            nnx.eval_shape(lambda: T5(decode_config, rngs=nnx.Rngs(0)))
-        )
+        s.decode_graphdef, params = training.split_model(model_lib.abstract(decode_config))
         shardings, replicated = sharding_lib.param_shardings(params, mesh)
-        s.decode_params = _abstract(params, shardings)
+        s.decode_params = with_shardings(params, shardings)
         if not s.param_replicated:
             s.param_replicated = replicated
     return s
-
-
-def _compile(lowered: Any) -> Any:
-    options = CPU_COMPILE_OPTIONS if jax.default_backend() == "cpu" else None
-    return lowered.compile(compiler_options=options) if options else lowered.compile()
-
-
-def _argument_bytes(compiled: Any, args: Any) -> dict[str, int]:
-    """Per-device bytes of the arguments, all and those the executable keeps: jit drops arguments
-    the program never reads (Adafactor's placeholder leaves, greedy decoding's temperature), and
-    the compiled argument size counts only the kept ones. Which are kept is ``_kept_var_idx`` of
-    jax's executable (private; all are assumed kept when it is missing)."""
-    leaves = jax.tree.leaves(args)
-    kept = getattr(getattr(compiled, "_executable", None), "_kept_var_idx", None)
-    kept = set(range(len(leaves))) if kept is None else set(kept)
-    sizes = [device_bytes(x) for x in leaves]
-    return {"all": sum(sizes), "kept": sum(n for i, n in enumerate(sizes) if i in kept)}
 
 
 # ------------------------------------------------------------------------------- programs
@@ -249,33 +182,20 @@ def train_batch(setup: _Setup, batch: int) -> dict[str, jax.ShapeDtypeStruct]:
 
 def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
     """Lower and compile the sharded train step at ``batch`` rows; its memory per device."""
-    mesh = setup.mesh
-    step_fn = functools.partial(
-        training._train_step, setup.train_graphdef, setup.optimizer,
-        num_microbatches=setup.settings.num_microbatches, z_loss=training.Z_LOSS, dropout=False,
+    jitted = training.make_train_step(
+        setup.train_graphdef, setup.optimizer, mesh=setup.mesh, state_shardings=setup.state_shardings,
+        num_microbatches=setup.settings.num_microbatches, dropout=False,
     )  # fmt: skip
-
-    def fn(state: Any, batch_arrays: Any) -> Any:
-        with sharding_lib.activation_sharding(mesh):  # traced here: the model's constraints apply
-            return step_fn(state, batch_arrays)
-
-    scalar = NamedSharding(mesh, PartitionSpec())
-    jitted = jax.jit(
-        fn,
-        in_shardings=(setup.state_shardings, sharding_lib.batch_sharding(mesh)),
-        out_shardings=(setup.state_shardings, scalar),
-        donate_argnums=(0,),
-    )
     inputs = train_batch(setup, batch)
     start = time.perf_counter()
-    compiled = _compile(jitted.lower(setup.train_state, inputs))
+    compiled = compile_lowered(jitted.lower(setup.train_state, inputs))
     seconds = time.perf_counter() - start
     state = setup.train_state
     return {
         "batch": batch,
         "compile_s": seconds,
         "memory": memory(compiled),
-        "arguments_bytes": _argument_bytes(compiled, (state, inputs)),
+        "arguments_bytes": argument_bytes(compiled, (state, inputs)),
         "outputs_bytes": device_bytes(compiled.out_info),
         "num_outputs": len(jax.tree.leaves(compiled.out_info)),
         "inputs_bytes": device_bytes(inputs),
@@ -293,24 +213,23 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
     start = time.perf_counter()
-    lowered = decoding._decode_loop.lower(
+    lowered = decoding.decode_loop.lower(
         setup.decode_graphdef, setup.decode_params, ids, key, temperature,
-        max_decode_len=s.output_len, eos_id=EOS_ID, greedy=True, top_k=0, top_p=1.0,
-        return_logits=False, mesh=mesh, rules=None,
+        config=DecodeConfig(max_decode_len=s.output_len, eos_id=EOS_ID), mesh=mesh, rules=None,
     )  # fmt: skip
-    compiled = _compile(lowered)
+    compiled = compile_lowered(lowered)
     seconds = time.perf_counter() - start
     cache = compiled.out_info.cache  # the final DecodeState's cache, at the compiler's shardings
     self_bytes = device_bytes((cache.self_k, cache.self_v))
     cross_bytes = device_bytes((cache.cross_k, cache.cross_v))
-    layout, replicated_cache = sharding_lib.cache_layout(
+    layout, replicated_cache = kvcache.cache_layout(
         setup.decode_config, mesh, batch, s.input_len, s.output_len, s.dtype
     )
     return {
         "batch": batch,
         "compile_s": seconds,
         "memory": memory(compiled),
-        "arguments_bytes": _argument_bytes(compiled, (setup.decode_params, ids, key, temperature)),
+        "arguments_bytes": argument_bytes(compiled, (setup.decode_params, ids, key, temperature)),
         "outputs_bytes": device_bytes(compiled.out_info),
         "num_outputs": len(jax.tree.leaves(compiled.out_info)),
         "inputs_bytes": device_bytes((ids, key, temperature)),
@@ -339,83 +258,6 @@ COMPILERS: dict[str, Callable[[_Setup, int], dict[str, Any]]] = {
     "train": compile_train,
     "decode": compile_decode,
 }
-
-
-# ------------------------------------------------------------------------------- batch search
-def _fit(points: dict[int, int], a: int, b: int) -> tuple[float, float]:
-    """The line ``total = fixed + per_row * batch`` through the compiled totals at ``a`` and ``b``."""
-    per_row = (points[b] - points[a]) / (b - a)
-    return points[a] - per_row * a, per_row
-
-
-def _predict(fixed: float, per_row: float, limit: float, step: int) -> int:
-    """The largest multiple of ``step`` whose predicted total is within ``limit`` (0: none)."""
-    if per_row <= 0:
-        raise ValueError(f"memory does not grow with the batch (per row {per_row:.0f} bytes): cannot search")
-    return max(0, int((limit - fixed) // per_row) // step * step)
-
-
-def search_batch(
-    measure: Callable[[int], int], batch: int, step: int, limit: int, log: Callable[[str], None]
-) -> dict[str, Any]:
-    """The largest multiple of ``step`` whose compiled total (``measure(batch)``) is <= ``limit``.
-
-    Fit the line through the totals at ``batch`` and at the smallest batch ``step`` (twice it when
-    ``batch`` is the smallest): when nothing larger fits, that compile is also the verification.
-    Predict, then verify by measuring the prediction and the next multiple. When they disagree
-    with the prediction, refit between the measured batches either side of the limit (at most
-    ``MAX_REFITS`` times)."""
-    points: dict[int, int] = {}
-
-    def at(b: int) -> int:
-        if b not in points:
-            points[b] = measure(b)
-        return points[b]
-
-    second = step if batch > step else 2 * step
-    at(batch), at(second)
-    fixed, per_row = _fit(points, min(batch, second), max(batch, second))
-    fit_points = sorted((batch, second))
-    how = [f"line through the compiled totals at batch {fit_points[0]} and {fit_points[1]}"]
-    best = None
-    for round_ in range(MAX_REFITS + 1):
-        guess = _predict(fixed, per_row, limit, step)
-        log(
-            f"  predicted largest batch {guess} (fixed {fixed / GIB:.2f} GiB + "
-            f"{per_row / 2**20:.2f} MiB per row)"
-        )
-        if guess < step:  # nothing fits: confirm at the smallest batch
-            if at(step) > limit:
-                best = 0
-                how.append(f"verified: the smallest batch {step} does not fit")
-                break
-            guess = step
-        at(guess), at(guess + step)
-        below = [b for b in points if points[b] <= limit]
-        above = [b for b in points if points[b] > limit]
-        if below and above and min(above) - max(below) == step:
-            best = max(below)
-            how.append(f"verified by compiling batch {best} (fits) and {best + step} (does not)")
-            break
-        if round_ == MAX_REFITS:
-            break
-        # refit: interpolate between the measured batches either side of the limit, or, when all
-        # measured batches are on one side, extrapolate on the widest baseline
-        a, b = (max(below), min(above)) if below and above else (min(points), max(points))
-        fixed, per_row = _fit(points, a, b)
-        how.append(f"refit through batch {a} and {b}")
-    if best is None:
-        below = [b for b in points if points[b] <= limit]
-        best = max(below) if below else 0
-        how.append(f"not converged after {MAX_REFITS} refits: the largest compiled batch that fits is given")
-    return {
-        "largest_batch": best,
-        "fixed_bytes": fixed,
-        "per_row_bytes": per_row,
-        "compiled_totals": dict(sorted(points.items())),
-        "how": "; ".join(how),
-        "step": step,
-    }
 
 
 # ------------------------------------------------------------------------------- the plan
@@ -531,8 +373,6 @@ def _label(program: str) -> str:
 
 def report(res: dict[str, Any]) -> str:
     """Markdown: the per-device table, the largest batches, the K/V-head layout, the checks."""
-    from gqa_jax.info import attention_name, human_bytes
-
     s, cfg, progs = res["settings"], res["config"], res["programs"]
     N, K = cfg["num_heads"], cfg["num_kv_heads"]
     unit, scale = _unit(max(r["memory"]["total"] for r in progs.values()))
@@ -551,21 +391,27 @@ def report(res: dict[str, Any]) -> str:
         f"and KV cache {s['dtype']}. Compiled ahead of time for the {res['backend']} backend "
         f"({res['device_kind']}); fits = total <= {s['hbm_gib']:g} GiB.",
         "",
-        "| program | batch | params | optimizer state | KV cache (formula) | KV cache (compiled) | inputs "
-        "| temporaries | outputs - aliased | total | fits? |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for program, r in progs.items():
-        m = r["memory"]
-        decode = program == "decode"
-        lines.append(
-            f"| {_label(program)} | {r['batch']} | {u(r['params_bytes'])} | "
-            f"{'-' if decode else u(r['optimizer_bytes'])} | "
-            f"{u(r['cache_formula']['total']) if decode else '-'} | "
-            f"{u(r['cache_compiled']['total']) if decode else '-'} | {u(r['inputs_bytes'])} | "
-            f"{u(m['temp'])} | "
-            f"{u(m['output'] - m['alias'])} | {u(m['total'])} | {'yes' if r['fits'] else 'NO'} |"
-        )
+
+    def cache(kind: str) -> Callable[[str], str]:
+        return lambda p: u(progs[p][kind]["total"]) if p == "decode" else "-"
+
+    lines += md_table(
+        [
+            ("program", _label),
+            ("batch", lambda p: str(progs[p]["batch"])),
+            ("params", lambda p: u(progs[p]["params_bytes"])),
+            ("optimizer state", lambda p: "-" if p == "decode" else u(progs[p]["optimizer_bytes"])),
+            ("KV cache (formula)", cache("cache_formula")),
+            ("KV cache (compiled)", cache("cache_compiled")),
+            ("inputs", lambda p: u(progs[p]["inputs_bytes"])),
+            ("temporaries", lambda p: u(progs[p]["memory"]["temp"])),
+            ("outputs - aliased", lambda p: u(progs[p]["memory"]["output"] - progs[p]["memory"]["alias"])),
+            ("total", lambda p: u(progs[p]["memory"]["total"])),
+            ("fits?", lambda p: "yes" if progs[p]["fits"] else "NO"),
+        ],
+        list(progs),
+    )
     lines += [
         "",
         "total = argument (params + optimizer state + inputs) + output - aliased (the donated train state) "
@@ -578,20 +424,37 @@ def report(res: dict[str, Any]) -> str:
             "",
             f"## Largest batch that fits {s['hbm_gib']:g} GiB per device",
             "",
-            "| program | largest batch | its total | next batch: total | line: fixed + per row | how |",
-            "|---|---|---|---|---|---|",
         ]
-        for program, sr in searched.items():
-            totals = {int(k): v for k, v in sr["compiled_totals"].items()}
-            b, step = sr["largest_batch"], sr["step"]
+
+        def totals(p: str) -> dict[int, int]:
+            return {int(k): v for k, v in searched[p]["compiled_totals"].items()}
+
+        def its_total(p: str) -> str:
+            b = searched[p]["largest_batch"]
+            return human_bytes(totals(p)[b]) if b in totals(p) else "-"
+
+        def next_total(p: str) -> str:
+            b, step = searched[p]["largest_batch"], searched[p]["step"]
             nxt = b + step if b else step
-            fit = (
+            return f"{nxt}: {human_bytes(totals(p)[nxt])}" if nxt in totals(p) else "-"
+
+        def line(p: str) -> str:
+            sr = searched[p]
+            return (
                 f"{human_bytes(max(0, round(sr['fixed_bytes'])))} + {human_bytes(round(sr['per_row_bytes']))}"
             )
-            lines.append(
-                f"| {_label(program)} | {b or 'none'} | {human_bytes(totals[b]) if b in totals else '-'} | "
-                f"{f'{nxt}: {human_bytes(totals[nxt])}' if nxt in totals else '-'} | {fit} | {sr['how']} |"
-            )
+
+        lines += md_table(
+            [
+                ("program", _label),
+                ("largest batch", lambda p: str(searched[p]["largest_batch"] or "none")),
+                ("its total", its_total),
+                ("next batch: total", next_total),
+                ("line: fixed + per row", line),
+                ("how", lambda p: searched[p]["how"]),
+            ],
+            list(searched),
+        )
         if "train" in searched and searched["train"]["largest_batch"] < s["batch"]:
             lines += [
                 "",
@@ -612,11 +475,17 @@ def report(res: dict[str, Any]) -> str:
                 f"compiled: spec {d['cache_compiled_specs'][kind]}, {human_bytes(d['cache_compiled'][kind])}"
             )
         lines.append(f"- KV cache: {d['cache_report'] or 'no replication: the K/V heads split over model'}")
-    lines += ["", "## Checks (bytes per device)", "", "| program | check | expected | compiled | ok |"]
-    lines.append("|---|---|---|---|---|")
-    for c in res["checks"]:
-        ok = "yes" if c["ok"] else "NO"
-        lines.append(f"| {c['program']} | {c['what']} | {c['expected']:,} | {c['compiled']:,} | {ok} |")
+    lines += ["", "## Checks (bytes per device)", ""]
+    lines += md_table(
+        [
+            ("program", lambda c: c["program"]),
+            ("check", lambda c: c["what"]),
+            ("expected", lambda c: f"{c['expected']:,}"),
+            ("compiled", lambda c: f"{c['compiled']:,}"),
+            ("ok", lambda c: "yes" if c["ok"] else "NO"),
+        ],
+        res["checks"],
+    )
     compiles = [(p, c) for p, r in progs.items() for c in r["compiles"]]
     lines += [
         "",

@@ -1,7 +1,7 @@
 """Model facts without weights: parameter counts, K/V heads, KV-cache bytes, and their report.
 
-Parameters are counted from ``nnx.eval_shape`` of the real ``T5`` (shapes only, nothing is
-allocated), so the numbers follow the model code rather than a formula kept beside it.
+Parameters are counted from ``model.abstract`` (``nnx.eval_shape`` of the real ``T5``: shapes only,
+nothing is allocated), so the numbers follow the model code rather than a formula kept beside it.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 from flax import nnx
 
+from gqa_jax import model as model_lib
 from gqa_jax.cache import cache_bytes_per_token, expected_cache_bytes
 from gqa_jax.config import ATTENTION_KINDS, T5_1_1_PRESETS, ModelConfig, preset
-from gqa_jax.model import T5
 
 # Exact parameter counts of the public T5.1.1 checkpoints google/t5-v1_1-{small,base,large,xl,xxl}
 # (all MHA, vocab padded to 32128, untied lm_head). Measured with transformers 5.24.0 and torch
@@ -76,14 +76,16 @@ def _component(path: tuple[Any, ...]) -> str:
         key = f"{head}_{_SUBMODULES.get(module, '?')}"
         if key in COMPONENTS:
             return key
-    raise ValueError(f"param_counts: parameter {'/'.join(map(str, path))} fits no component; update info.py")
+    raise ValueError(
+        f"param_counts: parameter {'/'.join(map(str, path))} fits no component; update tools/info.py"
+    )
 
 
 @functools.lru_cache(maxsize=32)
 def _param_counts(config: ModelConfig) -> tuple[tuple[str, int], ...]:
     # Cached: tracing a 24-layer T5 takes seconds (flax's per-parameter RNG-count update makes it
     # superlinear in the number of parameters), and reports ask for the same config more than once.
-    abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))  # shapes only
+    abstract = model_lib.abstract(config)  # shapes only
     counts = dict.fromkeys(COMPONENTS, 0)
     for path, param in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
         counts[_component(path)] += int(param.get_value().size)

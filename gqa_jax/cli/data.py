@@ -1,5 +1,5 @@
-"""``python -m gqa_jax data ...``: list tasks, prepare datasets, build the embedded suite, train a
-vocabulary, and look at a task's batches.
+"""``data``: list tasks, prepare datasets, build the embedded suite, train a vocabulary, and look
+at a task's batches.
 
   data tasks                                the tasks: source, lengths, metric
   data prepare TASK [--data-dir] [--manual-dir]
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 
-from gqa_jax.data import tasks as tasks_lib
+HELP = "data: `data tasks`, `data prepare TASK`, `data build-suite`, `data train-vocab`, `data show TASK`"
 
 
-def add_data_args(p: argparse.ArgumentParser) -> None:
+def add_args(p: argparse.ArgumentParser) -> None:
     from gqa_jax.data import stdlib_suite, vocab
+    from gqa_jax.data import tasks as tasks_lib
 
     sub = p.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
     sub.add_parser("tasks", help="list the tasks", description="The tasks: source, lengths, metric.")
@@ -64,6 +65,8 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _tasks_table() -> str:
+    from gqa_jax.data import tasks as tasks_lib
+
     rows = ["| task | source | input/target tokens | metric | what |", "|---|---|---|---|---|"]
     for t in tasks_lib.TASKS.values():
         rows.append(
@@ -75,6 +78,7 @@ def _tasks_table() -> str:
 
 def _show(args: argparse.Namespace) -> int:
     from gqa_jax.data import pipeline, stdlib_suite, vocab
+    from gqa_jax.data import tasks as tasks_lib
 
     task = tasks_lib.get_task(args.task)
     data_dir = args.data_dir or tasks_lib.default_data_dir()
@@ -98,8 +102,9 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_data(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from gqa_jax.data import stdlib_suite, vocab
+    from gqa_jax.data import tasks as tasks_lib
 
     cmd = args.data_command
     if cmd == "tasks":

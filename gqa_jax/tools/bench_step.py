@@ -35,8 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gqa_jax import bench, decoding
-from gqa_jax.config import preset
+from gqa_jax import decoding
+from gqa_jax.config import DecodeConfig, preset
+from gqa_jax.tools.bench_models import NEVER_EOS, Split, build_models, parse_kv_heads, random_ids
+from gqa_jax.tools.info import attention_name
+from gqa_jax.tools.timing import machine_info, md_table, measure, measure_read_bandwidth, probe_sizes
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4}
 _DTYPE_BYTES |= {"f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
@@ -73,7 +76,7 @@ def shape_bytes(shape: str) -> int:
     return total
 
 
-def _compact(shape: str) -> str:
+def compact(shape: str) -> str:
     """The shape without its layouts: ``f32[8,512]{1,0}`` -> ``f32[8,512]``."""
     return re.sub(r"\{[^}]*\}", "", shape)
 
@@ -173,9 +176,9 @@ def input_bytes(op: Op, ops: dict[str, Op], comps: dict | None = None) -> int:
     inner, root = comps.get(op.calls, (set(), None)) if op.calls else (set(), None)
     shapes = [ops[name].shape for name in op.operands if name in ops]
     if op.opcode in _IN_PLACE or root in _IN_PLACE:
-        out = _compact(op.shape)
+        out = compact(op.shape)
         for i, s in enumerate(shapes):
-            if _compact(s) == out:
+            if compact(s) == out:
                 del shapes[i]
                 break
     sizes = [shape_bytes(s) for s in shapes]
@@ -230,9 +233,9 @@ def breakdown(ops: dict[str, Op], frames: dict[int, str], events: list, steps: i
             max(last, max(e for _, e in spans)),
             total_ns + ns,
         )
-        shapes = [_compact(ops[n].shape) for n in op.operands if n in ops]
+        shapes = [compact(ops[n].shape) for n in op.operands if n in ops]
         largest = max(shapes, key=lambda s: shape_bytes(s), default="")
-        key = (frames.get(op.frame, "?"), re.sub(r"\.\d+$", "", op.name), _compact(op.shape), largest)
+        key = (frames.get(op.frame, "?"), re.sub(r"\.\d+$", "", op.name), compact(op.shape), largest)
         g = groups.setdefault(key, {"ops": 0, "ns": 0.0, "bytes": 0})
         g["ops"] += len(spans) / steps
         g["ns"] += ns
@@ -261,16 +264,14 @@ def breakdown(ops: dict[str, Op], frames: dict[int, str], events: list, steps: i
     }
 
 
-def profile_loop(split: bench.Split, ids: np.ndarray, steps: int, runs: int = 3) -> dict[str, Any]:
+def profile_loop(split: Split, ids: np.ndarray, steps: int, runs: int = 3) -> dict[str, Any]:
     """Compile the greedy loop, time it (median of ``runs``), trace one more run, break it down."""
     graphdef, params = split
     ids = jnp.asarray(ids, jnp.int32)
     key, temperature = jax.random.key(0), jnp.float32(0.0)
-    static = dict(max_decode_len=steps, eos_id=bench.NEVER_EOS, greedy=True, top_k=0, top_p=1.0)
+    config = DecodeConfig(max_decode_len=steps, eos_id=NEVER_EOS)  # greedy
     start = time.perf_counter()
-    compiled = decoding._decode_loop.lower(
-        graphdef, params, ids, key, temperature, **static, return_logits=False, mesh=None, rules=None
-    ).compile()
+    compiled = decoding.decode_loop.lower(graphdef, params, ids, key, temperature, config=config).compile()
     compile_s = time.perf_counter() - start
 
     def run():
@@ -279,7 +280,7 @@ def profile_loop(split: bench.Split, ids: np.ndarray, steps: int, runs: int = 3)
     state = run()
     if int(state.step) != steps:
         raise RuntimeError(f"the loop ran {int(state.step)} steps, expected {steps}")
-    timing, _ = bench.measure(run, runs)
+    timing, _ = measure(run, runs)
     with tempfile.TemporaryDirectory(prefix="gqa_jax_trace_") as trace_dir:
         jax.profiler.start_trace(trace_dir)
         try:
@@ -304,16 +305,16 @@ def run_step_bench(
 ) -> dict[str, Any]:
     """Build the models, measure the read-bandwidth probe, profile each model's loop."""
     config = preset(preset_name, dtype=dtype, param_dtype=dtype)
-    ks = bench.parse_kv_heads(kv_heads, config.num_heads)
-    models = bench.build_models(config, ks, seed, log)
-    ids = bench.random_ids(config.vocab_size, batch, input_len, seed)  # bench decode's inputs
+    ks = parse_kv_heads(kv_heads, config.num_heads)
+    models = build_models(config, ks, seed, log)
+    ids = random_ids(config.vocab_size, batch, input_len, seed)  # bench decode's inputs
     log("measuring read bandwidth ...")
-    probes = bench.probe_sizes(config.d_model, config.vocab_size)
-    bandwidth = bench.measure_read_bandwidth(batch, probes["shapes"], jnp.dtype(dtype), 10, probes["big"])
+    probes = probe_sizes(config.d_model, config.vocab_size)
+    bandwidth = measure_read_bandwidth(batch, probes["shapes"], jnp.dtype(dtype), 10, probes["big"])
     res: dict[str, Any] = {
         "settings": {"preset": preset_name, "batch": batch, "input_len": input_len, "new_tokens": new_tokens}
         | {"dtype": dtype, "seed": seed},
-        "machine": bench.machine_info(),
+        "machine": machine_info(),
         "bandwidth": bandwidth,
         "models": {},
     }
@@ -336,18 +337,16 @@ def report(res: dict[str, Any], top: int = 16) -> str:
         f"(as `bench decode`'s floor): {ref['gb_s']:.1f} GB/s ({ref['layout']} product, "
         f"[{', '.join(map(str, ref['shape']))}]).",
     ]
+    n = max(res["models"])
     for k, m in res["models"].items():
-        name = "MHA" if k == max(res["models"]) else "MQA" if k == 1 else f"GQA-{k}"
         outside = m["wall_step_s"] - m["ops_step_s"]
         lines += [
             "",
-            f"## {name} (K = {k}): loop {m['wall_step_s'] * 1e3:.2f} ms per step, ops "
+            f"## {attention_name(k, n)} (K = {k}): loop {m['wall_step_s'] * 1e3:.2f} ms per step, ops "
             f"{m['ops_step_s'] * 1e3:.2f} ms summed, {outside * 1e3:+.2f} ms outside ops; inputs "
             f"{m['bytes_per_step'] / 1e6:.1f} MB per step "
             f"({m['bytes_per_step'] / m['wall_step_s'] / 1e9:.1f} GB/s over the loop)",
             "",
-            "| source | op | output | largest input | ops / step | ms / step | share | MB / step | GB/s |",
-            "|---|---|---|---|---|---|---|---|---|",
         ]
         rows = m["rows"][:top]
         rest = m["rows"][top:]
@@ -363,11 +362,22 @@ def report(res: dict[str, Any], top: int = 16) -> str:
                     "bytes_per_step": sum(r["bytes_per_step"] for r in rest),
                 }
             ]
-        for r in rows:
-            rate = r["bytes_per_step"] / r["step_s"] / 1e9 if r["step_s"] else float("nan")
-            lines.append(
-                f"| {r['source']} | {r['op']} | {r['output']} | {r['largest_input']} "
-                f"| {r['ops_per_step']:.0f} | {r['step_s'] * 1e3:.3f} | {r['step_s'] / m['ops_step_s']:.1%} "
-                f"| {r['bytes_per_step'] / 1e6:.2f} | {rate:.1f} |"
-            )
+
+        def rate(r: dict[str, Any]) -> float:
+            return r["bytes_per_step"] / r["step_s"] / 1e9 if r["step_s"] else float("nan")
+
+        lines += md_table(
+            [
+                ("source", lambda r: r["source"]),
+                ("op", lambda r: r["op"]),
+                ("output", lambda r: r["output"]),
+                ("largest input", lambda r: r["largest_input"]),
+                ("ops / step", lambda r: f"{r['ops_per_step']:.0f}"),
+                ("ms / step", lambda r: f"{r['step_s'] * 1e3:.3f}"),
+                ("share", lambda r, m=m: f"{r['step_s'] / m['ops_step_s']:.1%}"),
+                ("MB / step", lambda r: f"{r['bytes_per_step'] / 1e6:.2f}"),
+                ("GB/s", lambda r: f"{rate(r):.1f}"),
+            ],
+            rows,
+        )
     return "\n".join(lines)

@@ -10,25 +10,24 @@ padding; the data pipeline is not timed), compiled once, then timed over ``--ste
                 output layer; attention counted over every (query, key) pair, causal or not,
                 as MFU is usually reported; embeddings, norms and softmax not counted)
   MFU           model FLOP/s / the machine's matmul peak, measured in the same run as the best
-                of several jitted [n, n] x [n, n] products in the same dtype
+                of several jitted [n, n] x [n, n] products in the same dtype (``timing.matmul_rate``:
+                2 n^3 / the median time of each size)
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
+from gqa_jax import model as model_lib
 from gqa_jax import training
-from gqa_jax.bench import machine_info, measure, on_accelerator
 from gqa_jax.config import ModelConfig, preset
 from gqa_jax.data.pipeline import shift_right
-from gqa_jax.model import T5
+from gqa_jax.tools.timing import machine_info, matmul_rate, md_table, measure, on_accelerator
 
 
 def forward_flops(config: ModelConfig, batch: int, input_len: int, target_len: int) -> int:
@@ -60,19 +59,12 @@ def train_flops(config: ModelConfig, batch: int, input_len: int, target_len: int
 
 
 def matmul_peak(dtype: Any, sizes: Sequence[int] | None = None, runs: int = 5) -> dict[str, Any]:
-    """The best GFLOP/s of jitted square matmuls (the MFU denominator), measured now: sizes 1024,
-    2048, 3072, and on a GPU or TPU also 8192 (the small ones are over in microseconds there)."""
+    """The best GFLOP/s of jitted square matmuls (the MFU denominator), measured now
+    (``timing.matmul_rate``): sizes 1024, 2048, 3072, and on a GPU or TPU also 8192 (the small
+    ones are over in microseconds there)."""
     if sizes is None:
         sizes = (1024, 2048, 3072, 8192) if on_accelerator() else (1024, 2048, 3072)
-    best: dict[str, Any] = {"gflop_s": 0.0}
-    for n in sizes:
-        a = jax.random.normal(jax.random.key(n), (n, n), jnp.float32).astype(dtype)
-        mm = jax.jit(jnp.matmul)
-        timing, _ = measure(lambda a=a, mm=mm: mm(a, a), runs)
-        rate = 2 * n**3 / min(timing["times_s"]) / 1e9
-        if rate > best["gflop_s"]:
-            best = {"gflop_s": rate, "shape": [n, n, n], "dtype": jnp.dtype(dtype).name}
-    return best
+    return matmul_rate(dtype, sizes, runs)
 
 
 def synthetic_batch(config: ModelConfig, batch: int, input_len: int, target_len: int, seed: int) -> dict:
@@ -100,7 +92,7 @@ def bench_preset(
 ) -> dict[str, Any]:
     """Time ``steps`` train steps of preset ``name`` -> one result row."""
     config = preset(name, dtype=dtype)
-    model = T5(config, rngs=nnx.Rngs(seed))
+    model = model_lib.build(config, seed=seed)
     graphdef, _ = training.split_model(model)
     optimizer = training.make_optimizer(training.OptimizerConfig("rsqrt"))
     state = training.init_state(model, optimizer, seed)
@@ -110,17 +102,14 @@ def bench_preset(
         k: jnp.asarray(v) for k, v in synthetic_batch(config, batch, input_len, target_len, seed).items()
     }
 
-    start = time.perf_counter()
-    state, metrics = step(state, batch_arrays)
-    jax.block_until_ready(metrics)
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        state, metrics = step(state, batch_arrays)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    median = float(np.median(times))
+    carry = {"state": state}  # the donated state is replaced by the new one at every step
+
+    def one_step() -> dict[str, Any]:
+        carry["state"], carry["metrics"] = step(carry["state"], batch_arrays)
+        return carry["metrics"]
+
+    timing, _ = measure(one_step, steps)  # the first (compiling) step excluded
+    state, metrics, median = carry["state"], carry["metrics"], timing["median_s"]
     flops = train_flops(config, batch, input_len, target_len)
     achieved = flops / median / 1e9
     return {
@@ -131,9 +120,9 @@ def bench_preset(
         "target_len": target_len,
         "dtype": dtype,
         "num_microbatches": num_microbatches,
-        "compile_s": max(first - median, 0.0),
+        "compile_s": timing["compile_s"],
         "step_s": median,
-        "step_times_s": times,
+        "step_times_s": timing["times_s"],
         "tokens_per_s": batch * (input_len + target_len) / median,
         "train_gflop_per_step": flops / 1e9,
         "model_gflop_s": achieved,
@@ -178,15 +167,22 @@ def report(res: dict[str, Any]) -> str:
         f"Training throughput ({machine['processor']}, {machine['backend']}, {cpus} CPUs usable); "
         f"matmul peak {peak['gflop_s']:.1f} GFLOP/s ({shape}, {peak['dtype']}), measured now.",
         "",
-        "| preset | params | batch x (S + T) | dtype | compile s | s / step | tokens / s "
-        "| model GFLOP / step | model GFLOP/s | MFU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in res["rows"]:
-        shape = f"{r['batch']} x ({r['input_len']} + {r['target_len']})"
-        lines.append(
-            f"| {r['preset']} | {r['params'] / 1e6:.2f}M | {shape} | {r['dtype']} | {r['compile_s']:.1f} "
-            f"| {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['train_gflop_per_step']:.1f} "
-            f"| {r['model_gflop_s']:.1f} | {r['mfu']:.1%} |"
+    return "\n".join(
+        lines
+        + md_table(
+            [
+                ("preset", lambda r: r["preset"]),
+                ("params", lambda r: f"{r['params'] / 1e6:.2f}M"),
+                ("batch x (S + T)", lambda r: f"{r['batch']} x ({r['input_len']} + {r['target_len']})"),
+                ("dtype", lambda r: r["dtype"]),
+                ("compile s", lambda r: f"{r['compile_s']:.1f}"),
+                ("s / step", lambda r: f"{r['step_s']:.3f}"),
+                ("tokens / s", lambda r: f"{r['tokens_per_s']:.0f}"),
+                ("model GFLOP / step", lambda r: f"{r['train_gflop_per_step']:.1f}"),
+                ("model GFLOP/s", lambda r: f"{r['model_gflop_s']:.1f}"),
+                ("MFU", lambda r: f"{r['mfu']:.1%}"),
+            ],
+            res["rows"],
         )
-    return "\n".join(lines)
+    )

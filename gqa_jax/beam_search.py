@@ -1,0 +1,174 @@
+"""Beam search over the decoder's cached step (T5X's length penalty, HF's finishing rule).
+
+Letters: ``B`` batch, ``W`` beams, ``T_max`` = max_decode_len, ``V`` vocab.
+
+The input is encoded once per row and its cache repeated for the row's ``W`` beams; each step
+scores ``2W`` candidates per row, keeps the best ``W`` finished and the best ``W`` alive
+hypotheses, and reorders the beams' self-attention caches (cross K/V are the same across a row's
+beams). Scores are ``log p / ((5 + length) / 6) ** alpha``. Inputs, placement on a mesh and the
+CPU fast path are those of ``gqa_jax.decoding``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from gqa_jax import cache as kvcache
+from gqa_jax import cpu_step, decoding
+from gqa_jax import sharding as sharding_lib
+from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID
+
+Array = jax.Array
+
+
+def length_penalty(length: Array, alpha: float) -> Array:
+    """T5X / GNMT: ``((5 + length) / 6) ** alpha``."""
+    return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+
+
+@struct.dataclass
+class BeamState:
+    cache: kvcache.KVCache  # B * W rows, row b * W + w
+    alive_seqs: Array  # [B, W, T_max]
+    alive_logp: Array  # [B, W] summed log-probabilities (-inf for empty slots)
+    fin_seqs: Array  # [B, W, T_max]
+    fin_scores: Array  # [B, W] length-penalized (-inf for empty slots)
+    fin_lengths: Array  # [B, W]
+    step: Array  # []
+
+
+def _gather_beams(x: Array, beams: Array) -> Array:
+    """``x [B, W_in, ...]``, ``beams [B, W_out]`` -> ``[B, W_out, ...]``."""
+    return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "mesh", "rules"),
+)
+def _beam_loop(
+    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, mesh=None, rules=None
+):
+    with decoding.mesh_context(mesh, rules):
+        return _beam_body(
+            graphdef, params, encoder_input_ids,
+            max_decode_len=max_decode_len, beam_size=beam_size, alpha=alpha, eos_id=eos_id,
+            fast_steps=cpu_step.use_for(mesh),
+        )  # fmt: skip
+
+
+def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, fast_steps):
+    model = nnx.merge(graphdef, params)
+    B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
+    # encode B rows once, then repeat the cache for W beams per row
+    cache = decoding.prefill(model, encoder_input_ids, max_decode_len, chunked=fast_steps)
+    cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)
+    kv = functools.partial(sharding_lib.constrain, kind="kv")
+    cache = cache.replace(
+        **{f: tuple(map(kv, getattr(cache, f))) for f in ("self_k", "self_v", "cross_k", "cross_v")}
+    )
+    neg_inf = jnp.full((B, W), -jnp.inf)
+    state = BeamState(
+        cache=cache,
+        alive_seqs=jnp.zeros((B, W, T_max), jnp.int32),
+        alive_logp=neg_inf.at[:, 0].set(0.0),  # one live beam at first: no duplicate hypotheses
+        fin_seqs=jnp.zeros((B, W, T_max), jnp.int32),
+        fin_scores=neg_inf,
+        fin_lengths=jnp.zeros((B, W), jnp.int32),
+        step=jnp.zeros((), jnp.int32),
+    )
+    rows = jnp.arange(B)[:, None] * W  # [B, 1]
+
+    def step(s: BeamState) -> BeamState:
+        t = s.step
+        last = jnp.where(
+            t == 0, DECODER_START_ID, jax.lax.dynamic_index_in_dim(s.alive_seqs, t - 1, 2, False)
+        )
+        with cpu_step.step(fast_steps):
+            logits, cache = model.decode_cached(last.reshape(B * W, 1), s.cache)  # [B * W, 1, V]
+        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, V)
+        cand = (s.alive_logp[:, :, None] + logp).reshape(B, W * V)
+        # 2W candidates: at most W of them end in EOS, so W can stay alive.
+        cand_logp, flat = jax.lax.top_k(cand, 2 * W)  # [B, 2W]
+        parent, token = flat // V, (flat % V).astype(jnp.int32)
+        seqs = _gather_beams(s.alive_seqs, parent)
+        seqs = jax.lax.dynamic_update_slice(seqs, token[:, :, None], (0, 0, t))  # [B, 2W, T_max]
+        # A hypothesis may finish only from the top W candidates (as in HF), so one beam
+        # without length penalty is exactly greedy.
+        ends = ((token == eos_id) | (t + 1 == T_max)) & (jnp.arange(2 * W) < W)
+        # Finished pool: keep the best W of the old finished and the newly finished.
+        new_scores = jnp.where(ends, cand_logp / length_penalty(t + 1, alpha), -jnp.inf)
+        scores = jnp.concatenate([s.fin_scores, new_scores], axis=1)  # [B, 3W]
+        fin_scores, best = jax.lax.top_k(scores, W)
+        fin_seqs = _gather_beams(jnp.concatenate([s.fin_seqs, seqs], axis=1), best)
+        lengths = jnp.concatenate([s.fin_lengths, jnp.full((B, 2 * W), t + 1, jnp.int32)], axis=1)
+        fin_lengths = _gather_beams(lengths, best)
+        # Alive: the best W candidates that did not end in EOS; reorder their caches.
+        alive_logp, keep = jax.lax.top_k(jnp.where(token == eos_id, -jnp.inf, cand_logp), W)
+        alive_seqs = _gather_beams(seqs, keep)
+        src = (rows + _gather_beams(parent, keep)).reshape(B * W)  # cache row of each new beam
+        cache = cache.replace(
+            self_k=tuple(kv(x[src]) for x in cache.self_k), self_v=tuple(kv(x[src]) for x in cache.self_v)
+        )
+        return BeamState(cache, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_lengths, t + 1)
+
+    def running(s: BeamState) -> Array:
+        # A row is done when its worst kept finished hypothesis beats the best score any alive
+        # beam could still reach (log-probs only fall; the penalty is largest at T_max).
+        best_possible = s.alive_logp[:, 0] / length_penalty(jnp.asarray(T_max), alpha)
+        done = s.fin_scores[:, W - 1] >= best_possible
+        return (s.step < T_max) & ~jnp.all(done)
+
+    s = jax.lax.while_loop(running, step, state)
+    # Pad after EOS: positions past a hypothesis' length are pad.
+    positions = jnp.arange(T_max)[None, None, :]
+    tokens = jnp.where(positions < s.fin_lengths[:, :, None], s.fin_seqs, PAD_ID)
+    return tokens, s.fin_lengths, s.fin_scores
+
+
+def beam_search(
+    model: decoding.ModelLike,
+    encoder_input_ids: Any,
+    max_decode_len: int,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    eos_id: int = EOS_ID,
+    max_input_len: int | None = None,
+    truncate: bool = False,
+    mesh: Any = None,
+    rules: Any = None,
+) -> decoding.DecodeResult:
+    """Beam search; returns the ``beam_size`` best hypotheses per row, best first:
+    tokens ``[B, W, T_max]``, lengths ``[B, W]`` and scores ``log p / ((5 + len) / 6) ** alpha``.
+
+    A hypothesis ends at EOS or at ``max_decode_len``, and only a candidate ranked among the
+    step's top ``beam_size`` may end (as in HF). With ``alpha = 0`` one beam is exactly greedy
+    decoding; with ``alpha > 0`` a single beam may legitimately prefer a longer hypothesis than
+    greedy's, because the penalty rewards length.
+    """
+    graphdef, params = decoding.as_split(model)
+    config = decoding.config_of(model)
+    ids = decoding.validate_inputs(
+        config, encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
+    )
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size} must be >= 1")
+    params, ids = decoding.place(params, ids, mesh, rules, config, int(max_decode_len), int(beam_size))
+    tokens, lengths, scores = _beam_loop(
+        graphdef,
+        params,
+        ids,
+        max_decode_len=int(max_decode_len),
+        beam_size=int(beam_size),
+        alpha=float(alpha),
+        eos_id=int(eos_id),
+        mesh=mesh,
+        rules=sharding_lib.rules_key(rules),
+    )
+    return decoding.DecodeResult(tokens=tokens, lengths=lengths, scores=scores)

@@ -1,0 +1,198 @@
+"""``bench``: benchmarks. ``bench decode`` (cache vs none, MHA / GQA / MQA, the floor,
+HuggingFace), ``bench train`` (tokens/s and MFU against the measured matmul peak), ``bench step``
+(where a decode step's time goes, op by op). Markdown tables on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gqa_jax.cli import options
+
+HELP = (
+    "benchmarks: `bench decode` (KV cache vs none, MHA / GQA / MQA, the floor, HuggingFace), "
+    "`bench train` (tokens/s, MFU), `bench step` (a decode step op by op)"
+)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
+    _add_decode_args(sub)
+    _add_train_args(sub)
+    _add_step_args(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"decode": _run_decode, "train": _run_train, "step": _run_step}[args.bench_command](args)
+
+
+def _add_decode_shape_args(p: argparse.ArgumentParser) -> None:
+    """The model and shapes of `bench decode` and `bench step`."""
+    from gqa_jax.config import PRESETS
+
+    p.add_argument("--preset", default="small", choices=PRESETS, help="model shape (default: %(default)s)")
+    options.add_batch(p, default=8, help="batch size B (default: %(default)s)")
+    options.add_input_len(p, default=512)
+    p.add_argument(
+        "--new-tokens",
+        type=options.positive_int,
+        default=64,
+        help="new tokens T per row (default: %(default)s)",
+    )
+    p.add_argument(
+        "--kv-heads",
+        default=None,
+        help="comma-separated K/V head counts, divisors of num_heads; N (MHA) is always added "
+        "(default: N, N/2, N/4, 1 rounded down to divisors, deduplicated: 6,3,1 for small)",
+    )
+
+
+# ---------------------------------------------------------------------------------- decode
+def _add_decode_args(sub: Any) -> None:
+    from gqa_jax.config import DTYPES
+
+    d = sub.add_parser(
+        "decode",
+        help="decoding speed: cache vs none, MHA / GQA / MQA, the floor, HuggingFace generate",
+        description="Decoding benchmark (Markdown tables on stdout, progress on stderr): a. with vs "
+        "without KV cache; b. per K/V-head count: cache bytes, tokens/s, time per sample, TTFT, TPOT, "
+        "p50/p95 step latency; c. time over the bandwidth / FLOP floor; d. HuggingFace generate on "
+        "the same weights. Random weights; GQA / MQA are mean conversions of the MHA model.",
+    )
+    _add_decode_shape_args(d)
+    d.add_argument(
+        "--lengths",
+        default="64,256,512",
+        help="comma-separated output lengths of table a, with vs without cache (default: %(default)s)",
+    )
+    d.add_argument(
+        "--runs", type=options.positive_int, default=5, help="timed runs per median (default: %(default)s)"
+    )
+    d.add_argument(
+        "--runs-a",
+        type=options.positive_int,
+        default=3,
+        help="timed runs of table a's cached rows at lengths other than --new-tokens (default: %(default)s)",
+    )
+    d.add_argument(
+        "--uncached-runs",
+        type=options.positive_int,
+        default=1,
+        help="timed runs of the slow cache-free loop in table a (default: %(default)s)",
+    )
+    d.add_argument(
+        "--uncached-budget",
+        type=float,
+        default=60.0,
+        help="run the cache-free loop only where its expected time per run (prefill + T x one timed "
+        "pass) is within this many seconds; other rows are not run (default: %(default)s)",
+    )
+    d.add_argument("--no-hf", action="store_true", help="skip table d (HuggingFace generate)")
+    options.add_dtype(
+        d, default="float32", choices=DTYPES, help="parameter and activation dtype (default: %(default)s)"
+    )
+    options.add_seed(d)
+    options.add_json(d)
+
+
+def _run_decode(args: argparse.Namespace) -> int:
+    from gqa_jax.tools import bench_decode
+
+    res = bench_decode.run_decode_bench(
+        preset_name=args.preset,
+        batch=args.batch,
+        input_len=args.input_len,
+        new_tokens=args.new_tokens,
+        kv_heads=args.kv_heads,
+        lengths=args.lengths,
+        runs=args.runs,
+        runs_a=args.runs_a,
+        uncached_runs=args.uncached_runs,
+        uncached_budget_s=args.uncached_budget,
+        hf=not args.no_hf,
+        dtype=args.dtype,
+        seed=args.seed,
+    )
+    print(bench_decode.report(res), flush=True)
+    options.write_json(res, args.json)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ step
+def _add_step_args(sub: Any) -> None:
+    from gqa_jax.config import DTYPES
+
+    s = sub.add_parser(
+        "step",
+        help="where a decode step's time goes: the greedy loop profiled, op by op",
+        description="Decode-step breakdown (Markdown tables on stdout, progress on stderr): the fused "
+        "greedy loop of each model (MHA and its mean conversions) compiled, timed and traced with "
+        "jax.profiler; the loop body's ops grouped by source line, op, output and largest input, "
+        "with ms per step, MB of inputs per step and the rate they read at, beside the read-bandwidth "
+        "probe of `bench decode`'s floor.",
+    )
+    _add_decode_shape_args(s)
+    s.add_argument(
+        "--top", type=options.positive_int, default=16, help="groups shown per model (default: %(default)s)"
+    )
+    options.add_dtype(s, default="float32", choices=DTYPES, help="dtype (default: %(default)s)")
+    options.add_seed(s)
+    options.add_json(s)
+
+
+def _run_step(args: argparse.Namespace) -> int:
+    from gqa_jax.log import log
+    from gqa_jax.tools import bench_step
+
+    res = bench_step.run_step_bench(
+        preset_name=args.preset, batch=args.batch, input_len=args.input_len, new_tokens=args.new_tokens,
+        kv_heads=args.kv_heads, dtype=args.dtype, seed=args.seed, log=log,
+    )  # fmt: skip
+    print(bench_step.report(res, top=args.top), flush=True)
+    options.write_json(res, args.json)
+    return 0
+
+
+# ----------------------------------------------------------------------------------- train
+def _add_train_args(sub: Any) -> None:
+    from gqa_jax.config import DTYPES, PRESETS
+
+    t = sub.add_parser(
+        "train",
+        help="training throughput: tokens/s and MFU against the measured matmul peak",
+        description="Training benchmark: the real jitted train step (Adafactor, z-loss) on a fixed "
+        "random batch per preset; tokens/s, model FLOP/s and MFU against the matmul peak measured in "
+        "the same run (Markdown table on stdout, progress on stderr).",
+    )
+    t.add_argument("--presets", default="tiny,small", help="comma-separated presets (default: %(default)s)")
+    options.add_batch(t, default=8, help="rows per step (default: %(default)s)")
+    options.add_input_len(t, default=512)
+    t.add_argument(
+        "--target-len", type=options.positive_int, default=114, help="target length T (default: %(default)s)"
+    )
+    t.add_argument("--steps", type=options.positive_int, default=3, help="timed steps (default: %(default)s)")
+    t.add_argument(
+        "--microbatches", type=options.positive_int, default=1, help="gradient accumulation (default: 1)"
+    )
+    options.add_dtype(t, default="float32", choices=DTYPES, help="activations (default: %(default)s)")
+    options.add_json(t)
+    t.set_defaults(presets_choices=PRESETS)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from gqa_jax.log import log
+    from gqa_jax.tools import bench_train
+
+    presets = list(options.comma_list(args.presets))
+    unknown = [p for p in presets if p not in args.presets_choices]
+    if not presets or unknown:
+        raise ValueError(
+            f"--presets: unknown {unknown or presets}; choose from {', '.join(args.presets_choices)}"
+        )
+    res = bench_train.run_train_bench(
+        presets, batch=args.batch, input_len=args.input_len, target_len=args.target_len, steps=args.steps,
+        dtype=args.dtype, num_microbatches=args.microbatches, log=log,
+    )  # fmt: skip
+    print(bench_train.report(res), flush=True)
+    options.write_json(res, args.json)
+    return 0

@@ -1,0 +1,79 @@
+"""What several commands share, declared once: the parser class (an error is one line), the
+positive-integer type, comma-separated lists, the options ``--batch``, ``--input-len``,
+``--output-len``, ``--dtype``, ``--seed``, ``--json``, and writing ``--json``'s file.
+
+Each ``add_*`` takes the command's own default and help text (``%(default)s`` is filled in by
+argparse); the option's name, type and metavar live here only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+PROG = "python -m gqa_jax"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line on stderr (exit code 2), without the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")`` (blank items dropped)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def add_batch(
+    p: argparse.ArgumentParser, *, help: str, default: int | None = None, required: bool = False
+) -> None:
+    p.add_argument("--batch", type=positive_int, default=default, required=required, help=help)
+
+
+def add_input_len(
+    p: argparse.ArgumentParser, *, default: int, help: str = "input length S (default: %(default)s)"
+) -> None:
+    p.add_argument("--input-len", type=positive_int, default=default, help=help)
+
+
+def add_output_len(p: argparse.ArgumentParser, *, default: int, help: str) -> None:
+    p.add_argument("--output-len", type=positive_int, default=default, help=help)
+
+
+def add_dtype(
+    p: argparse.ArgumentParser, *, default: str, help: str, choices: Sequence[str] | None = None
+) -> None:
+    p.add_argument("--dtype", default=default, choices=choices, help=help)
+
+
+def add_seed(
+    p: argparse.ArgumentParser, *, help: str = "weights and inputs seed (default: %(default)s)"
+) -> None:
+    p.add_argument("--seed", type=int, default=0, help=help)
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
+
+
+def write_json(result: Any, path: str | None) -> None:
+    """Write ``--json``'s file (when given) and say so on stdout."""
+    if path:
+        from gqa_jax.tools import timing
+
+        timing.write_json(result, path)
+        print(f"\nwrote {path}")

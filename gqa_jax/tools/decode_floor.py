@@ -1,0 +1,92 @@
+"""The floor of ``bench decode`` (table c): the least time a decode step and a prefill can take
+on this machine, from the bytes and FLOPs counted on the model's parameters and the probes of
+``timing`` (read bandwidth, matmul rate).
+
+- step floor = max(bytes / bandwidth, FLOPs / rate), with bytes = the decoder-side weights a step
+  reads (:func:`step_reads`) + the whole self-attention cache (all T allocated slots are read
+  every step) + every layer's cross K/V;
+- prefill floor = (encoder + cross K/V projection) FLOPs / rate (:func:`prefill_flops`);
+- end-to-end floor = prefill floor + T x step floor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gqa_jax import model as model_lib
+from gqa_jax.config import ModelConfig
+from gqa_jax.model import T5
+
+PROJECTIONS = ("query", "key", "value", "out", "wi_0", "wi_1", "wo")  # [in, out]-style matrices
+
+
+def step_reads(model: T5, config: ModelConfig, batch: int) -> dict[str, int]:
+    """Bytes of parameters one decode step reads, counted from the parameters: decoder
+    self-attention, cross-attention query / out (its K/V are in the cache), MLPs, norms, the
+    decoder's relative position table, the output layer, and the B gathered embedding rows.
+    Also the step's matmul FLOPs on those weights (``2 x B x elements``)."""
+    weights, flops = 0, 0
+    for path, value in model_lib.flat_params(model).items():
+        size, nbytes = int(value.size), int(value.nbytes)
+        if path[0] == "shared":
+            if config.tie_word_embeddings:  # the embedding is also the output layer: all of it
+                weights, flops = weights + nbytes, flops + 2 * batch * size
+            else:
+                weights += batch * nbytes // config.vocab_size  # B rows of [V, D]
+        elif path[0] == "lm_head":
+            weights, flops = weights + nbytes, flops + 2 * batch * size
+        elif path[0] == "decoder" and not ("cross_attn" in path and path[-1] in ("key", "value")):
+            weights += nbytes
+            if path[-1] in PROJECTIONS:
+                flops += 2 * batch * size
+    return {"weight_bytes": weights, "weight_flops": flops}
+
+
+def prefill_flops(model: T5, config: ModelConfig, batch: int, input_len: int) -> int:
+    """Matmul FLOPs of prefill: the encoder (projections, MLPs, attention scores and values) and
+    the decoder's one-time cross-attention K/V projections. Norms and biases are ignored."""
+    B, S, N, H = batch, input_len, config.num_heads, config.head_dim
+    flops = 4 * B * N * S * S * H * config.num_encoder_layers  # QK^T and PV
+    for path, value in model_lib.flat_params(model).items():
+        encoder = path[0] == "encoder" and path[-1] in PROJECTIONS
+        cross_kv = path[0] == "decoder" and "cross_attn" in path and path[-1] in ("key", "value")
+        if encoder or cross_kv:
+            flops += 2 * B * S * int(value.size)
+    return flops
+
+
+def floor_row(
+    model: T5,
+    config: ModelConfig,
+    *,
+    batch: int,
+    input_len: int,
+    new_tokens: int,
+    cache_bytes: dict[str, int],
+    bandwidth_gb_s: float,
+    gflop_s: float,
+) -> dict[str, Any]:
+    """The floor of one model: per decode step max(bytes / bandwidth, FLOPs / rate), where the
+    bytes are the weights above plus the whole allocated cache (all T slots of the
+    self-attention K/V are read every step, masked or not; all layers' cross K/V); end to end
+    the prefill FLOPs / rate plus T steps."""
+    reads = step_reads(model, config, batch)
+    N, H, L = config.num_heads, config.head_dim, config.num_decoder_layers
+    attn_flops = 4 * batch * N * H * (new_tokens + input_len) * L  # scores + values, self and cross
+    step_bytes = reads["weight_bytes"] + cache_bytes["self"] + cache_bytes["cross"]
+    step_flops = reads["weight_flops"] + attn_flops
+    step_floor = max(step_bytes / (bandwidth_gb_s * 1e9), step_flops / (gflop_s * 1e9))
+    p_flops = prefill_flops(model, config, batch, input_len)
+    prefill_floor = p_flops / (gflop_s * 1e9)
+    return {
+        "weight_bytes": reads["weight_bytes"],
+        "self_cache_bytes": cache_bytes["self"],
+        "cross_cache_bytes": cache_bytes["cross"],
+        "step_bytes": step_bytes,
+        "step_flops": step_flops,
+        "step_floor_s": step_floor,
+        "step_bound": "bandwidth" if step_bytes / bandwidth_gb_s >= step_flops / gflop_s else "compute",
+        "prefill_flops": p_flops,
+        "prefill_floor_s": prefill_floor,
+        "e2e_floor_s": prefill_floor + new_tokens * step_floor,
+    }

@@ -1,0 +1,304 @@
+"""The one ``train()`` loop: pre-training, uptraining and fine-tuning, chosen by the config.
+
+Every run lives in one workdir (``gqa_jax.training.workdir`` lists its files) and runs on a
+mesh: ``config.mesh`` ("DATAxMODEL"), or a 1x1 mesh of one device by default, so one device and
+a pod take the same code path. Each process reads its own slice of every batch, checkpoints hold
+every process's data position, and only process 0 writes logs, configs, decodes and the final
+model. A workdir with checkpoints resumes from the newest readable one (model, optimizer, data
+position, PRNG) and continues exactly as if never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from tqdm import tqdm
+
+from gqa_jax import checkpoints, convert, distributed, metrics, sharding
+from gqa_jax import model as model_lib
+from gqa_jax.config import ModelConfig, preset
+from gqa_jax.data import pipeline as pipeline_lib
+from gqa_jax.data import stdlib_suite
+from gqa_jax.data import tasks as tasks_lib
+from gqa_jax.data import vocab as vocab_lib
+from gqa_jax.log import log
+from gqa_jax.training.evaluation import evaluate
+from gqa_jax.training.state import OptimizerConfig, create_state, make_optimizer, make_schedule
+from gqa_jax.training.step import make_train_step
+from gqa_jax.training.workdir import (
+    RECIPES,
+    check_workdir,
+    checkpoint_manager,
+    config_dict,
+    restore,
+    stop_on_nan,
+    truncate_metrics,
+    write_config,
+)
+
+
+def check_config(config: Any) -> None:
+    """Clear errors for a config that cannot run (before anything is built or written)."""
+    if config.recipe not in RECIPES:
+        raise ValueError(f"config.recipe must be one of {', '.join(RECIPES)}, got {config.recipe!r}")
+    task = tasks_lib.get_task(config.task)
+    if config.recipe == "pretrain" and not task.span_corruption:
+        raise ValueError(f"pre-training reads a span-corruption task, and {task.name} is not one")
+    if config.recipe == "uptrain":
+        if not task.span_corruption:
+            raise ValueError(f"uptraining continues span corruption; task {task.name} is not a corpus")
+        if not config.uptrain.source:
+            raise ValueError("uptraining needs config.uptrain.source (an MHA checkpoint to convert)")
+        if not 0 < config.uptrain.alpha <= 1:
+            raise ValueError(f"config.uptrain.alpha must be in (0, 1], got {config.uptrain.alpha}")
+        if config.uptrain.original_steps < 1:
+            raise ValueError("config.uptrain.original_steps (the source's pre-training steps) must be >= 1")
+    if config.recipe == "finetune" and task.span_corruption:
+        raise ValueError(f"fine-tuning reads a sequence-to-sequence task; {task.name} is span corruption")
+    for name in ("batch_size", "num_microbatches", "checkpoint_every", "log_every"):
+        if int(config[name]) < 1:
+            raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
+    if config.batch_size % config.num_microbatches:
+        raise ValueError(
+            f"config.batch_size {config.batch_size} is not divisible by "
+            f"num_microbatches {config.num_microbatches}"
+        )
+    if config.get("mesh"):
+        data, _ = sharding.parse_mesh_shape(config.mesh)
+        for name in ("batch_size", "eval_batch_size"):
+            if int(config[name]) % data:
+                raise ValueError(
+                    f"config.{name}={config[name]} is not divisible by the data axis ({data}) of "
+                    f"config.mesh={config.mesh!r}: choose a multiple of {data}"
+                )
+        if (config.batch_size // config.num_microbatches) % data:
+            raise ValueError(
+                f"micro-batches of {config.batch_size // config.num_microbatches} rows do not split over "
+                f"the data axis ({data}) of config.mesh={config.mesh!r}: lower num_microbatches"
+            )
+    elif jax.process_count() > 1:
+        raise ValueError(
+            f"this is one of {jax.process_count()} processes, but config.mesh is empty: set a mesh over "
+            "all their devices, e.g. --config.mesh=2x4"
+        )
+    if config.recipe != "uptrain" and config.num_train_steps < 1:
+        raise ValueError(f"config.num_train_steps must be >= 1, got {config.num_train_steps}")
+
+
+def num_steps(config: Any) -> int:
+    """Steps of this run: ``round(alpha x original_steps)`` when uptraining, else num_train_steps."""
+    if config.recipe == "uptrain":
+        return max(1, round(config.uptrain.alpha * config.uptrain.original_steps))
+    return int(config.num_train_steps)
+
+
+def _load_vocab(config: Any, task: Any, data_dir: str) -> Any:
+    if config.vocab:
+        return vocab_lib.load_vocab(config.vocab)
+    if task.suite:
+        return stdlib_suite.suite_vocab(data_dir)
+    raise ValueError(f"task {task.name} needs config.vocab: the SentencePiece model of the checkpoint (T5's)")
+
+
+def _model_config(config: Any, vocab: Any) -> Any:
+    overrides = {k: v for k, v in config_dict(config.model).items() if k != "preset" and v is not None}
+    overrides.setdefault("vocab_size", vocab.vocab_size)
+    if "grouped_attentions" in overrides:
+        overrides["grouped_attentions"] = tuple(overrides["grouped_attentions"])
+    return preset(config.model.preset, **overrides)
+
+
+def init_model(config: Any, vocab: Any, workdir: Any) -> tuple[Any, OptimizerConfig, dict[str, Any]]:
+    """The starting model (a ``T5``, or its ``ModelConfig`` when it starts from random weights, so
+    a sharded run can create them sharded), the optimizer settings and what was done."""
+    info: dict[str, Any] = {"recipe": config.recipe}
+    opt = config.optimizer
+    if config.recipe == "pretrain":
+        return _model_config(config, vocab), OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps), info
+    if config.recipe == "uptrain":
+        up = config.uptrain
+        source, source_cfg, kind = convert.load_source(up.source)
+        attentions = tuple(up.attentions) if up.attentions else convert.DEFAULT_ATTENTIONS
+        params, cfg, manifest = convert.to_grouped(
+            source, source_cfg, up.num_kv_heads, up.method, attentions=attentions, seed=config.seed
+        )
+        manifest["source_path"] = str(up.source)
+        if jax.process_index() == 0:
+            (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        model = model_lib.build(cfg.replace(dropout_rate=config.model.dropout_rate or 0.0), params)
+        offset = up.source_step if up.source_step is not None else up.original_steps
+        info |= {"source": str(up.source), "source_kind": kind, "schedule_offset": int(offset),
+                 "num_kv_heads": up.num_kv_heads, "method": up.method}  # fmt: skip
+        return model, OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps, offset=int(offset)), info
+    # finetune
+    if config.init_from:
+        source, source_cfg, kind = convert.load_source(config.init_from)
+        cfg = source_cfg.replace(dropout_rate=config.model.dropout_rate)
+        model = model_lib.build(cfg, source)
+        info |= {"init_from": str(config.init_from), "source_kind": kind}
+    else:
+        model = _model_config(config, vocab)
+        info["init_from"] = None
+    return model, OptimizerConfig("constant", learning_rate=opt.learning_rate), info
+
+
+def train(config: Any, workdir: Any) -> dict[str, Any]:
+    """Run (or resume) the recipe ``config.recipe`` in ``workdir``; returns the summary dict.
+
+    A workdir with checkpoints resumes from the newest readable one (model, optimizer, data
+    position, PRNG) and continues exactly as if never stopped.
+    """
+    check_config(config)
+    workdir = Path(workdir).expanduser().absolute()
+    task = tasks_lib.get_task(config.task)
+    data_dir = config.data_dir or tasks_lib.default_data_dir()
+    vocab = _load_vocab(config, task, data_dir)
+    check_workdir(workdir, config)
+    total = num_steps(config)
+
+    is_main = jax.process_index() == 0  # only process 0 writes logs, configs and reports
+    mesh = sharding.make_mesh(config.mesh or "1x1")  # one code path: one device is a 1x1 mesh
+    workdir.mkdir(parents=True, exist_ok=True)
+    model, opt_cfg, info = init_model(config, vocab, workdir)
+    model_cfg = model if isinstance(model, ModelConfig) else model.config
+    if model_cfg.vocab_size < vocab.vocab_size:
+        raise ValueError(
+            f"the model's vocab_size {model_cfg.vocab_size} is smaller than the vocabulary's "
+            f"{vocab.vocab_size}: use the vocabulary the checkpoint was trained with"
+        )
+    optimizer = make_optimizer(opt_cfg)
+    schedule = make_schedule(opt_cfg)
+    state, shardings, graphdef, replicated = create_state(model, optimizer, mesh, config.seed)
+    del model
+    if config.mesh:
+        log(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es): "
+            + sharding.replication_report(replicated))  # fmt: skip
+    if is_main:  # after the model exists: a failed start leaves no claim on the workdir
+        write_config(workdir, config)
+        (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
+
+    manager = checkpoint_manager(workdir, config.keep_checkpoints, best=task.metric is not None)
+    state, data_state = restore(manager, state, workdir)
+    start = int(state.step)
+    if start:
+        log(f"resuming {workdir} from step {start}")
+        if is_main:
+            truncate_metrics(workdir, start)
+    if start >= total:
+        log(f"{workdir} already at step {start} >= {total}: nothing to train")
+
+    # Each process reads its own slice of every batch (processes holding the same rows of the
+    # mesh read the same slice).
+    slice_index, slice_count = distributed.process_data_slice(mesh)
+    train_pipe = pipeline_lib.make_pipeline(
+        task, "train", vocab, batch_size=config.batch_size, seed=config.seed, data_dir=data_dir,
+        pack=config.pack, input_length=config.input_length, target_length=config.target_length,
+        process_index=slice_index, process_count=slice_count,
+    )  # fmt: skip
+    batches = train_pipe.iterator(state=distributed.own_data_state(data_state))
+    dropout = config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0
+    step_fn = make_train_step(
+        graphdef, optimizer, mesh=mesh, state_shardings=shardings, num_microbatches=config.num_microbatches,
+        z_loss=config.z_loss, dropout=dropout,
+    )  # fmt: skip
+    writer = metrics.MetricWriter(workdir) if is_main else None
+    summary: dict[str, Any] = {"steps": total, **info}
+
+    def run_eval(step: int) -> float | None:
+        model = (graphdef, state.params)  # every process runs the same evaluation on the mesh
+        t0 = time.time()
+        scores, decodes = evaluate(
+            model, task, vocab, num_examples=config.eval_examples, batch_size=config.eval_batch_size,
+            data_dir=data_dir, input_length=config.input_length, target_length=config.target_length,
+            mesh=mesh,
+        )  # fmt: skip
+        if writer:
+            writer.write(
+                step, {f"eval/{k}": v for k, v in scores.items()} | {"eval/seconds": time.time() - t0}
+            )
+            if decodes:
+                metrics.write_decodes(
+                    workdir / "decodes" / f"step_{step}.jsonl",
+                    [d["input"] for d in decodes], [d["prediction"] for d in decodes],
+                    [d["reference"] for d in decodes],
+                )  # fmt: skip
+        log(f"step {step}: eval " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+        if task.metric is None:
+            return None
+        return scores[metrics.PRIMARY[task.metric]]
+
+    def save(step: int, score: float | None) -> None:
+        # The device buffers are donated to the next step: orbax copies every process's shards to
+        # host before save() returns.
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=ocp.args.JsonSave(distributed.all_data_states(batches.get_state())),
+            ),
+            metrics=None if score is None else {"score": float(score)},
+            force=True,
+        )
+
+    bar = tqdm(total=total, initial=start, disable=not (is_main and config.progress), unit="step",
+               dynamic_ncols=True)  # fmt: skip
+    t_last, tokens_since, steps_since = time.time(), 0.0, 0
+    try:
+        if config.eval_at_start and start == 0 and config.eval_every >= 0:
+            run_eval(0)  # the starting point's score: the baseline fine-tuning must beat
+        for step in range(start, total):
+            batch = next(batches)  # this process's rows
+            state, m = step_fn(state, distributed.global_batch(batch, mesh))
+            m = jax.device_get(m)
+            done = step + 1
+            if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
+                stop_on_nan(workdir, done, m, batch, manager.latest_step())
+            input_tokens = float(np.sum(batch["encoder_input_tokens"] != 0)) * slice_count  # ~ all rows
+            tokens_since += input_tokens + float(m["tokens"])
+            steps_since += 1
+            bar.update(1)
+            if done % config.log_every == 0 or done == total:
+                elapsed = max(time.time() - t_last, 1e-9)
+                row = {f"train/{k}": float(v) for k, v in m.items()}
+                row |= {
+                    "train/learning_rate": float(schedule(jnp.asarray(step))),
+                    "train/seconds_per_step": elapsed / steps_since,
+                    "train/tokens_per_second": tokens_since / elapsed,
+                    "train/examples_seen": done * config.batch_size,
+                }
+                if writer:
+                    writer.write(done, row)
+                bar.set_postfix(loss=f"{row['train/loss']:.3f}")
+                t_last, tokens_since, steps_since = time.time(), 0.0, 0
+            score = None
+            every = config.eval_every
+            if every >= 0 and ((every and done % every == 0) or done == total):
+                score = run_eval(done)
+            if done % config.checkpoint_every == 0 or done == total or score is not None:
+                save(done, score)  # evaluated steps are saved too: the best one is kept
+        manager.wait_until_finished()
+        summary |= {"final_step": int(state.step)}
+        best = manager.best_step() if task.metric is not None else None
+        if best is not None:
+            summary |= {"best_step": int(best)}
+        final_params = distributed.to_host(state.params)
+        if is_main:
+            final = nnx.merge(graphdef, final_params)
+            checkpoints.save(final, workdir / "model", overwrite=True)
+            (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        return summary
+    finally:
+        bar.close()
+        manager.wait_until_finished()
+        manager.close()
+        if writer:
+            writer.close()

@@ -1,0 +1,181 @@
+"""A run directory: its files, the check that a restart computes the same thing, checkpoints
+(orbax, the last k and the best by the dev metric), restore, and the NaN report.
+
+Layout:
+  config.json          the resolved run config (a restart must match it, see check_workdir)
+  model_config.json    the model's ModelConfig
+  conversion.json      uptraining: the MHA -> GQA/MQA conversion manifest
+  metrics.jsonl        one line per logged step (train/...) and per evaluation (eval/...)
+  tensorboard/         the same scalars as TensorBoard events
+  checkpoints/<step>/  orbax: the TrainState ("state") and the input position ("data")
+  decodes/step_<n>.jsonl  evaluation decodes with their references
+  model/               the final parameters as a gqa_jax checkpoint (for convert / decode / fine-tune)
+  summary.json         final step, best evaluation step and score
+  nan_step_<n>.json    written when a loss goes NaN/inf: the batch's statistics
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
+
+from gqa_jax.training.state import TrainState
+from gqa_jax.training.step import Batch
+
+RECIPES = ("pretrain", "uptrain", "finetune")
+# Config fields a restart may change (they do not change what is computed, or only extend it).
+RESTART_MAY_CHANGE = frozenset(
+    {
+        "num_train_steps",
+        "log_every",
+        "checkpoint_every",
+        "eval_every",
+        "eval_at_start",
+        "keep_checkpoints",
+        "progress",
+        "mesh",  # orbax restores into whatever shardings the new mesh gives
+    }
+)
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def check_workdir(workdir: Any, config: Any) -> None:
+    """A workdir belongs to one run: refuse a restart with a config that computes something else."""
+    stored_file = workdir / "config.json"
+    resolved = config_dict(config)
+    if stored_file.is_file():
+        stored = _flat(json.loads(stored_file.read_text()))
+        new = _flat(json.loads(json.dumps(resolved, default=str)))
+        diff = sorted(
+            k for k in set(stored) | set(new) if stored.get(k) != new.get(k) and k not in RESTART_MAY_CHANGE
+        )
+        if diff:
+            details = "; ".join(f"{k}: {stored.get(k)!r} -> {new.get(k)!r}" for k in diff[:8])
+            raise ValueError(
+                f"workdir {workdir} holds a run with a different config ({details}); resume it with the "
+                "same config, or start a new --workdir"
+            )
+
+
+def write_config(workdir: Any, config: Any) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(config_dict(config), indent=2, sort_keys=True, default=str) + "\n"
+    (workdir / "config.json").write_text(text)
+
+
+def checkpoint_manager(workdir: Any, keep: int, best: bool) -> Any:
+    policies = [cm.LatestN(n=keep)]
+    if best:  # also keep the best checkpoint by the task's headline metric
+        policies.append(cm.BestN(get_metric_fn=lambda m: m["score"], reverse=False, n=1))
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=cm.AnyPreservationPolicy(policies),
+        enable_async_checkpointing=True,
+        create=True,
+    )
+    return ocp.CheckpointManager(workdir / "checkpoints", options=options, item_names=("state", "data"))
+
+
+def restore(manager: Any, state: TrainState, workdir: Any) -> tuple[TrainState, Any]:
+    """The newest readable checkpoint -> ``(state, data position)``; ``(state, None)`` when none.
+
+    A checkpoint that fails to restore (corrupt, half-written) is moved aside to
+    ``workdir/corrupt_checkpoints/`` with a warning (never deleted), and the previous one is tried.
+    """
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            restored = manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
+                ),
+            )
+            return restored["state"], restored["data"]
+        except Exception as err:  # any failure to read it back means: do not trust it
+            aside = workdir / "corrupt_checkpoints" / f"{step}-{int(time.time())}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            warnings.warn(
+                f"checkpoint {step} in {workdir / 'checkpoints'} cannot be restored ({type(err).__name__}: "
+                f"{str(err)[:200]}); moved it to {aside} and trying the previous one",
+                stacklevel=2,
+            )
+            shutil.move(str(workdir / "checkpoints" / str(step)), str(aside))
+            manager.reload()
+    return state, None
+
+
+def truncate_metrics(workdir: Any, step: int) -> None:
+    """On resume, move metric lines logged after the restored step to metrics.discarded.jsonl."""
+    file = workdir / "metrics.jsonl"
+    if not file.is_file():
+        return
+    keep, drop = [], []
+    for line in file.read_text().splitlines():
+        try:
+            later = int(json.loads(line).get("step", 0)) > step
+        except (ValueError, AttributeError):
+            later = True  # a half-written line from the killed run
+        (drop if later else keep).append(line)
+    if drop:
+        with open(workdir / "metrics.discarded.jsonl", "a") as f:
+            f.write("\n".join(drop) + "\n")
+        tmp = file.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.replace(file)
+
+
+def _batch_stats(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """What a NaN post-mortem wants to know about the batch (no token ids are needed to reproduce:
+    the data position is in the checkpoint)."""
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        v = np.asarray(value)
+        out[key] = {
+            "shape": list(v.shape),
+            "min": float(v.min()),
+            "max": float(v.max()),
+            "sum": float(v.sum()),
+        }
+    enc, tgt = np.asarray(batch["encoder_input_tokens"]), np.asarray(batch["decoder_target_tokens"])
+    out["input_tokens_per_row"] = (enc != 0).sum(axis=1).tolist()
+    out["target_tokens_per_row"] = (tgt != 0).sum(axis=1).tolist()
+    return out
+
+
+def stop_on_nan(workdir: Any, step: int, m: Mapping[str, Any], batch: Batch, last: int | None) -> None:
+    """Write ``nan_step_<step>.json`` (metrics + batch statistics) and raise FloatingPointError."""
+    file = workdir / f"nan_step_{step}.json"
+    report = {
+        "step": step,
+        "metrics": {k: float(v) for k, v in m.items()},
+        "batch": _batch_stats(batch),
+        "last_checkpoint": last,
+    }
+    if jax.process_index() == 0:
+        file.write_text(json.dumps(report, indent=2) + "\n")
+    raise FloatingPointError(
+        f"loss {float(m['loss'])} / grad norm {float(m['grad_norm'])} at step {step}: stopped; the batch's "
+        f"statistics are in {file}; the last good checkpoint (step {last}) is untouched"
+    )

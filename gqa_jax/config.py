@@ -140,7 +140,7 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-# T5.1.1 shapes from the Flaxformer gin files (see PAPER.md). Layers are encoder = decoder.
+# T5.1.1 shapes from the Flaxformer gin files (docs/paper.md). Layers are encoder = decoder.
 _PRESETS: dict[str, dict[str, int]] = {
     "small": dict(d_model=512, d_ff=1024, layers=8, num_heads=6),
     "base": dict(d_model=768, d_ff=2048, layers=12, num_heads=12),

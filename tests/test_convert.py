@@ -128,7 +128,7 @@ def test_k_equals_n_is_the_identity(mha4, method, param_dtype):
     ],
 )
 def test_equal_heads_in_each_group_give_the_mha_logits(mha4, method, K, attentions):
-    """PAPER.md's equivalence check: an MHA model whose K/V heads agree within each group."""
+    """The paper's equivalence check: an MHA model whose K/V heads agree within each group."""
     N, G = 4, 4 // K
     state = nnx.state(mha4, nnx.Param)
     pure = jax.tree.map(lambda x: x, nnx.to_pure_dict(state))  # a copy of the tree structure

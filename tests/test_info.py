@@ -11,7 +11,7 @@ from gqa_jax.cache import cache_bytes_per_token, expected_cache_bytes
 from gqa_jax.config import T5_1_1_PRESETS, preset
 from gqa_jax.tools.info import COMPONENTS, PUBLIC_T5_1_1_PARAMS, kv_heads_by_attention, param_counts
 
-# PAPER.md shapes, as (d_model, d_ff, layers, heads).
+# The paper's T5.1.1 shapes (docs/paper.md), as (d_model, d_ff, layers, heads).
 SHAPES = {
     "small": (512, 1024, 8, 6),
     "base": (768, 2048, 12, 12),

@@ -3,8 +3,8 @@
 A ``Task`` is a small description; ``gqa_jax.data.pipeline`` turns it into batches. Examples come
 from TFDS through ``tfds.data_source`` (random access on array_record files, TensorFlow not
 needed), so the paper's datasets, the local MediaSum builder and the embedded stdlib suite all
-take the same path. ``TASKS`` holds the paper's seven fine-tuning tasks (PAPER.md lengths and
-metrics), two span-corruption pre-training corpora (C4 as in T5, and the embedded
+take the same path. ``TASKS`` holds the paper's seven fine-tuning tasks (the paper's lengths and
+metrics, docs/paper.md), two span-corruption pre-training corpora (C4 as in T5, and the embedded
 ``stdlib_corpus``) and the embedded suite's three fine-tuning tasks:
 
 =================  ==========================  ==================  =========  ========

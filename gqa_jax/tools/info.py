@@ -21,7 +21,7 @@ from gqa_jax.config import ATTENTION_KINDS, T5_1_1_PRESETS, ModelConfig, preset
 #   T5ForConditionalGeneration(T5Config(vocab_size=32128, d_model=D, d_ff=F, d_kv=64,
 #       num_layers=L, num_decoder_layers=L, num_heads=N, feed_forward_proj="gated-gelu",
 #       tie_word_embeddings=False))
-# with the shapes of PAPER.md, and sum `p.numel()` over `m.parameters()` (shared embedding once).
+# with the shapes in docs/paper.md, and sum `p.numel()` over `m.parameters()` (shared embedding once).
 # transformers 5.x forces `T5Config.tie_word_embeddings = True` (it reads the flag only as "scale the
 # decoder output"), so `m.lm_head.weight is m.shared.weight` and that sum lacks the untied lm_head
 # of the real checkpoints: small 60,511,616, base 222,903,552, large 750,251,008,

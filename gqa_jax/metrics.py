@@ -1,10 +1,20 @@
 """Evaluation metrics (ROUGE, BLEU, F1/EM) and the run's metric writers (JSONL + TensorBoard).
 
 Scoring follows what the GQA paper reports after greedy decoding: ROUGE-1 for summarization
-(CNN/DailyMail, arXiv, PubMed, MediaSum, MultiNews), BLEU for WMT'14 En-De, F1 for TriviaQA.
-Every metric function takes ``predictions`` and ``references`` of equal, non-zero length and
-returns a dict of plain Python floats on a 0-100 scale; ``PRIMARY`` names the headline key of each
-(the number used to keep the best checkpoint)::
+(CNN/DailyMail, arXiv, PubMed, MediaSum, MultiNews), BLEU for WMT'14 En-De, F1 for TriviaQA, each
+computed as T5's evaluation (``t5.evaluation.metrics``) computes it:
+
+- ``"rouge"``: rouge-score without stemming, sentences for rougeLsum split by T5's
+  ``" . " -> " .\\n"`` rule, the bootstrap-aggregated (1000 samples, seeded) mid F-measure.
+- ``"bleu"``: sacrebleu ``corpus_bleu`` with ``tokenize="intl"``, exponential smoothing.
+- ``"f1_em"``: token F1 and exact match after the official TriviaQA answer normalization, the
+  max over an example's aliases, the mean over examples.
+
+The earlier variants stay under explicit names: ``"rouge_stemmed_mean"`` (Porter stemmer, our own
+sentence splitter, plain mean), ``"bleu_13a"`` (sacrebleu defaults) and ``"squad_f1_em"`` (SQuAD
+normalization). Every metric function takes ``predictions`` and ``references`` of equal, non-zero
+length and returns a dict of plain Python floats on a 0-100 scale; ``PRIMARY`` names the headline
+key of each (the number used to keep the best checkpoint)::
 
     score("rouge", ["the cat sat"], ["the cat sat down"])  # {"rouge1": 85.7, "rouge2": ..., ...}
 
@@ -33,11 +43,12 @@ from typing import Any
 
 import numpy as np
 import sacrebleu
-from rouge_score import rouge_scorer
+from rouge_score import rouge_scorer, scoring
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+ROUGE_BOOTSTRAP_SEED = 0  # numpy seed of the ROUGE bootstrap (see _bootstrap_mid)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -58,11 +69,64 @@ def _check_pairs(predictions: Sequence[str], references: Sequence[Any]) -> None:
         raise ValueError("predictions and references are empty: nothing to score")
 
 
+def _t5_rouge_text(text: str) -> str:
+    """T5's ``_prepare_summary_rouge``: ``" . "`` becomes ``" .\\n"``, one sentence per line.
+
+    Only ``rougeLsum`` looks at lines. Like T5 it is applied to the text every ROUGE type sees;
+    rouge-score's tokenizer turns every non-alphanumeric character (newlines included) into a
+    separator, so rouge1/2/L are the same as on the raw text. Only space-separated periods split
+    (tokenized CNN/DailyMail style): "Hi. There." stays one sentence, as in T5.
+    """
+    return text.replace(" . ", " .\n")
+
+
+def _bootstrap_mid(scores: Sequence[Mapping[str, Any]], seed: int) -> dict[str, Any]:
+    """``scoring.BootstrapAggregator()`` (1000 samples, 95%) mid scores, seeded reproducibly.
+
+    The aggregator draws from numpy's global RNG; it is seeded with ``seed`` for the call and its
+    previous state restored afterwards, so the result is deterministic and callers' random
+    streams are untouched (not thread-safe against other users of the global RNG meanwhile).
+    """
+    aggregator = scoring.BootstrapAggregator()
+    for example in scores:
+        aggregator.add_scores(example)
+    state = np.random.get_state()
+    try:
+        np.random.seed(seed)
+        result = aggregator.aggregate()
+    finally:
+        np.random.set_state(state)
+    return {key: value.mid for key, value in result.items()}
+
+
+def rouge(
+    predictions: Sequence[str], references: Sequence[str], *, seed: int = ROUGE_BOOTSTRAP_SEED
+) -> dict[str, float]:
+    """ROUGE-1/2/L/Lsum as T5's ``metrics.rouge``: bootstrap-aggregated mid F-measure x 100.
+
+    ``rouge_score.RougeScorer(use_stemmer=False)`` (rouge-score's default, T5's setting) scores
+    each pair after ``_t5_rouge_text`` (T5's sentence split for rougeLsum); the per-example
+    F-measures are aggregated by ``rouge_score.scoring.BootstrapAggregator`` with its defaults
+    (n_samples=1000, confidence 0.95) and the mid (median of the resampled means) is reported.
+    T5 leaves the bootstrap unseeded; here numpy is seeded with ``seed`` (see ``_bootstrap_mid``),
+    so a score is reproducible. The mid is close to, not equal to, the plain mean over examples.
+    Returns ``{"rouge1", "rouge2", "rougeL", "rougeLsum"}``.
+    """
+    _check_pairs(predictions, references)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
+    scores = [
+        scorer.score(target=_t5_rouge_text(reference), prediction=_t5_rouge_text(prediction))
+        for prediction, reference in zip(predictions, references, strict=True)
+    ]
+    mid = _bootstrap_mid(scores, seed)
+    return {key: 100.0 * float(mid[key].fmeasure) for key in ROUGE_TYPES}
+
+
 _SENTENCE_END = re.compile(r"([.!?][\"')\]]*)\s+")
 
 
 def _split_sentences(text: str) -> str:
-    """One sentence per line, for ``rougeLsum`` (which splits summaries on newlines).
+    """One sentence per line, for ``rouge_stemmed_mean``'s ``rougeLsum``.
 
     Existing newlines are kept, and whitespace after ``.``, ``!`` or ``?`` (optionally followed by
     closing quotes or brackets) becomes a newline. Deliberately simple and dependency-free (no
@@ -72,13 +136,12 @@ def _split_sentences(text: str) -> str:
     return _SENTENCE_END.sub(r"\1\n", text.strip())
 
 
-def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """Mean ROUGE-1/2/L/Lsum F-measures x 100 over examples, as T5 reports them.
+def rouge_stemmed_mean(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """The earlier ROUGE (not T5's): Porter-stemmed, our sentence split, plain mean x 100.
 
-    Uses ``rouge_score.RougeScorer(use_stemmer=True)`` (Porter stemmer, pure Python, no nltk data
-    needed). Predictions and references are split into one sentence per line first (see
-    ``_split_sentences``); only ``rougeLsum`` looks at the lines, the other scores only see tokens.
-    Returns ``{"rouge1", "rouge2", "rougeL", "rougeLsum"}``.
+    Uses ``rouge_score.RougeScorer(use_stemmer=True)``; predictions and references are split into
+    one sentence per line first (see ``_split_sentences``); the F-measures are averaged over
+    examples without bootstrap. Returns ``{"rouge1", "rouge2", "rougeL", "rougeLsum"}``.
     """
     _check_pairs(predictions, references)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
@@ -91,26 +154,50 @@ def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, fl
 
 
 def bleu(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """Corpus BLEU from sacrebleu with its defaults (13a tokenization, as T5 uses), 0-100 scale.
+    """Corpus BLEU as T5's ``metrics.bleu``, 0-100 scale.
 
-    One reference per example. Returns ``{"bleu"}``.
+    ``sacrebleu.corpus_bleu`` with ``tokenize="intl"`` (splits Unicode punctuation and symbols,
+    e.g. "5€." -> "5 € ."), ``smooth_method="exp"``, case-sensitive, no effective order. One
+    reference per example. Returns ``{"bleu"}``.
     """
+    _check_pairs(predictions, references)
+    result = sacrebleu.corpus_bleu(
+        list(predictions), [list(references)], smooth_method="exp", tokenize="intl",
+        lowercase=False, use_effective_order=False,
+    )  # fmt: skip
+    return {"bleu": float(result.score)}
+
+
+def bleu_13a(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """The earlier BLEU (not T5's): sacrebleu ``corpus_bleu`` defaults (13a tokenization)."""
     _check_pairs(predictions, references)
     result = sacrebleu.corpus_bleu(list(predictions), [list(references)])
     return {"bleu": float(result.score)}
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_SQUAD_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_TRIVIA_QA_PUNCTUATION = str.maketrans(dict.fromkeys(string.punctuation + "‘’´`", " "))
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD normalization: lowercase, delete ASCII punctuation, drop a/an/the, collapse whitespace.
+def normalize_trivia_qa(text: str) -> str:
+    """The official TriviaQA ``normalize_answer`` (as T5's ``normalize_trivia_qa``).
 
-    Punctuation is deleted, not replaced by a space, so "U.S." -> "us" and "don't" -> "dont"
-    (the official TriviaQA script and T5's ``normalize_trivia_qa`` replace it with a space).
+    "_" -> " ", lowercase, every ASCII punctuation character and ‘ ’ ´ ` -> " ", the whole words
+    a/an/the removed, whitespace collapsed. Punctuation becomes a space (not deleted as in SQuAD):
+    "don't" -> "don t", "U.S.A." -> "u s" (the "a" is then an article). Other quotes (“ ”) are
+    kept, as in the script.
     """
-    text = text.lower().translate(_PUNCTUATION)
+    text = text.replace("_", " ").lower().translate(_TRIVIA_QA_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def normalize_squad(text: str) -> str:
+    """SQuAD v1.1 normalization: lowercase, delete ASCII punctuation, drop a/an/the, collapse spaces.
+
+    Punctuation is deleted, so "U.S.A." -> "usa" and "don't" -> "dont".
+    """
+    text = text.lower().translate(_SQUAD_PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
@@ -125,14 +212,9 @@ def _token_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def squad_f1_em(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
-    """SQuAD-style token F1 and exact match x 100, each the max over an example's reference answers.
-
-    ``references[i]`` is the list of acceptable answers of example i (TriviaQA's aliases). Answers
-    are compared after ``normalize_answer``. As in the SQuAD v1.1 script (and T5), F1 is 0 when no
-    token is shared, including when both answers normalize to "" (where EM is 100).
-    Returns ``{"f1", "em"}``.
-    """
+def _f1_em(
+    predictions: Sequence[str], references: Sequence[Sequence[str]], normalize: Callable[[str], str]
+) -> dict[str, float]:
     _check_pairs(predictions, references)
     f1_total = em_total = 0.0
     for i, (prediction, answers) in enumerate(zip(predictions, references, strict=True)):
@@ -141,16 +223,39 @@ def squad_f1_em(predictions: Sequence[str], references: Sequence[Sequence[str]])
                 f"references[{i}] must be a non-empty list of answer strings, got {answers!r} "
                 "(wrap a single answer in a list)"
             )
-        prediction = normalize_answer(prediction)
-        answers = [normalize_answer(answer) for answer in answers]
+        prediction = normalize(prediction)
+        answers = [normalize(answer) for answer in answers]
         f1_total += max(_token_f1(prediction, answer) for answer in answers)
         em_total += max(float(prediction == answer) for answer in answers)
     n = len(predictions)
     return {"f1": 100.0 * f1_total / n, "em": 100.0 * em_total / n}
 
 
-METRICS: dict[str, Callable[..., dict[str, float]]] = {"rouge": rouge, "bleu": bleu, "f1_em": squad_f1_em}
-PRIMARY: dict[str, str] = {"rouge": "rouge1", "bleu": "bleu", "f1_em": "f1"}
+def trivia_qa_f1_em(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """TriviaQA token F1 and exact match x 100, as the official script and T5's ``trivia_qa``.
+
+    ``references[i]`` is the list of acceptable answers of example i (its aliases). Answers are
+    compared after ``normalize_trivia_qa``; each example scores the max over its aliases, the
+    result is the mean over examples. F1 is 0 when no token is shared, including when both answers
+    normalize to "" (where EM is 100). Returns ``{"f1", "em"}``.
+    """
+    return _f1_em(predictions, references, normalize_trivia_qa)
+
+
+def squad_f1_em(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """The earlier F1/EM (not TriviaQA's): as ``trivia_qa_f1_em`` but with ``normalize_squad``."""
+    return _f1_em(predictions, references, normalize_squad)
+
+
+# The tasks' names ("rouge", "bleu", "f1_em") are T5's metrics; the others the earlier variants.
+METRICS: dict[str, Callable[..., dict[str, float]]] = {
+    "rouge": rouge, "bleu": bleu, "f1_em": trivia_qa_f1_em,
+    "rouge_stemmed_mean": rouge_stemmed_mean, "bleu_13a": bleu_13a, "squad_f1_em": squad_f1_em,
+}  # fmt: skip
+PRIMARY: dict[str, str] = {
+    "rouge": "rouge1", "bleu": "bleu", "f1_em": "f1",
+    "rouge_stemmed_mean": "rouge1", "bleu_13a": "bleu", "squad_f1_em": "f1",
+}  # fmt: skip
 
 
 def score(metric_name: str, predictions: Sequence[str], references: Sequence[Any]) -> dict[str, float]:

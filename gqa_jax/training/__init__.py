@@ -6,7 +6,7 @@ below are the package's public API.
 """
 
 from gqa_jax.training.evaluation import evaluate
-from gqa_jax.training.loop import check_config, init_model, num_steps, train
+from gqa_jax.training.loop import check_config, init_model, load_vocab, num_steps, train
 from gqa_jax.training.state import (
     FINETUNE_LR,
     T5_WARMUP_STEPS,
@@ -25,6 +25,6 @@ from gqa_jax.training.workdir import RECIPES, RESTART_MAY_CHANGE
 __all__ = [
     "FINETUNE_LR", "RECIPES", "RESTART_MAY_CHANGE", "T5_WARMUP_STEPS", "Z_LOSS", "OptimizerConfig",
     "TrainState", "check_config", "create_state", "cross_entropy", "evaluate", "init_model", "init_state",
-    "make_eval_step", "make_optimizer", "make_schedule", "make_train_step", "num_steps", "split_model",
-    "state_shardings", "train", "train_step",
+    "load_vocab", "make_eval_step", "make_optimizer", "make_schedule", "make_train_step", "num_steps",
+    "split_model", "state_shardings", "train", "train_step",
 ]  # fmt: skip

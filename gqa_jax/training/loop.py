@@ -40,6 +40,7 @@ from gqa_jax.training.workdir import (
     checkpoint_manager,
     config_dict,
     restore,
+    restore_params,
     stop_on_nan,
     truncate_metrics,
     write_config,
@@ -101,9 +102,10 @@ def num_steps(config: Any) -> int:
     return int(config.num_train_steps)
 
 
-def _load_vocab(config: Any, task: Any, data_dir: str) -> Any:
-    if config.vocab:
-        return vocab_lib.load_vocab(config.vocab)
+def load_vocab(path: str | None, task: Any, data_dir: str) -> Any:
+    """The SentencePiece vocabulary at ``path``; without one, the stdlib suite's for its tasks."""
+    if path:
+        return vocab_lib.load_vocab(path)
     if task.suite:
         return stdlib_suite.suite_vocab(data_dir)
     raise ValueError(f"task {task.name} needs config.vocab: the SentencePiece model of the checkpoint (T5's)")
@@ -161,7 +163,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     workdir = Path(workdir).expanduser().absolute()
     task = tasks_lib.get_task(config.task)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
-    vocab = _load_vocab(config, task, data_dir)
+    vocab = load_vocab(config.vocab, task, data_dir)
     check_workdir(workdir, config)
     total = num_steps(config)
 
@@ -291,9 +293,15 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         if best is not None:
             summary |= {"best_step": int(best)}
         final_params = distributed.to_host(state.params)
+        best_params = None  # the best dev checkpoint, exported for the evaluate stage
+        if best is not None:
+            same = int(best) == int(state.step)
+            best_params = final_params if same else distributed.to_host(restore_params(manager, state, best))
         if is_main:
             final = nnx.merge(graphdef, final_params)
             checkpoints.save(final, workdir / "model", overwrite=True)
+            if best_params is not None:
+                checkpoints.save(nnx.merge(graphdef, best_params), workdir / "best_model", overwrite=True)
             (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return summary
     finally:

@@ -10,6 +10,7 @@ Layout:
   checkpoints/<step>/  orbax: the TrainState ("state") and the input position ("data")
   decodes/step_<n>.jsonl  evaluation decodes with their references
   model/               the final parameters as a gqa_jax checkpoint (for convert / decode / fine-tune)
+  best_model/          fine-tuning: the checkpoint with the best dev score, as a gqa_jax checkpoint
   summary.json         final step, best evaluation step and score
   nan_step_<n>.json    written when a loss goes NaN/inf: the batch's statistics
 """
@@ -124,6 +125,15 @@ def restore(manager: Any, state: TrainState, workdir: Any) -> tuple[TrainState, 
             shutil.move(str(workdir / "checkpoints" / str(step)), str(aside))
             manager.reload()
     return state, None
+
+
+def restore_params(manager: Any, state: TrainState, step: int) -> Any:
+    """The parameters of checkpoint ``step`` (restored into ``state``'s shardings)."""
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    restored = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore())
+    )
+    return restored["state"].params
 
 
 def truncate_metrics(workdir: Any, step: int) -> None:

@@ -1,0 +1,33 @@
+"""``sweep``: run a sweep file's runs in dependency order (``gqa_jax.experiments.runner``)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run a sweep (experiments/<file>.py): every run in dependency order, finished ones skipped"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sweep_file", metavar="SWEEP", help="experiments/<file>.py")
+    p.add_argument("--root", required=True, help="where the run directories go (ROOT/<run name>)")
+    p.add_argument("--dry-run", action="store_true", help="print every run's complete command, run nothing")
+    only = "runs whose name matches this fnmatch pattern, and the runs they depend on"
+    p.add_argument("--only", default=None, metavar="PATTERN", help=only)
+    sets = "a sweep parameter (its PARAMS) or a field of every run that has it; repeatable"
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=sets)
+    launcher = "local: one after another here; tpu: each through scripts/launch_tpu.sh"
+    p.add_argument("--launcher", default="local", choices=("local", "tpu"), help=launcher)
+    p.add_argument("--tpu", default=None, help="with --launcher tpu: the TPU VM name")
+    p.add_argument("--zone", default=None, help="with --launcher tpu: its zone")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gqa_jax.experiments import runner, sweep
+    from gqa_jax.log import log
+
+    if args.launcher == "tpu" and not (args.tpu and args.zone):
+        raise ValueError("--launcher tpu needs --tpu NAME and --zone ZONE")
+    tpu = ("--tpu", args.tpu, "--zone", args.zone) if args.launcher == "tpu" else ()
+    s = sweep.load_sweep(args.sweep_file, args.sets)
+    return runner.run_sweep(s, args.root, only=args.only, dry_run=args.dry_run, launcher=args.launcher,
+                            tpu=tpu, log=log)  # fmt: skip

@@ -1,0 +1,83 @@
+"""``time``: time per sample of greedy decoding at one input / output length (compile excluded,
+median of runs), with the paper's batch rule (the largest that fits, up to 32 per device) or a
+given batch; writes ``DIR/timing.json`` and prints one line (``tools.time_decode``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gqa_jax.cli import options
+
+HELP = (
+    "time per sample of greedy decoding at --input-len / --output-len (random weights of a preset "
+    "or a checkpoint; batch given or the largest that fits, <= 32 per device) -> DIR/timing.json"
+)
+
+
+def batch_arg(text: str) -> int | str:
+    """argparse type of ``--batch``: a positive integer or ``auto``."""
+    return "auto" if text.strip().lower() == "auto" else options.positive_int(text)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    from gqa_jax.config import PRESETS
+    from gqa_jax.tools.plan import DEFAULT_HBM_GIB
+    from gqa_jax.tools.time_decode import DTYPES, TIMING_FILE
+
+    p.add_argument("--workdir", required=True, help=f"run directory: gets {TIMING_FILE} (created if missing)")
+    p.add_argument("--preset", default=None, choices=PRESETS, help="random weights of this model shape")
+    p.add_argument(
+        "--num-kv-heads",
+        type=options.positive_int,
+        default=None,
+        help="K/V heads K of --preset's decoder self- and cross-attention (1 = MQA; must divide the "
+        "query heads) (default: MHA, K = num_heads)",
+    )
+    p.add_argument(
+        "--model", default=None, metavar="CKPT_DIR", help="a gqa_jax checkpoint instead of --preset"
+    )
+    options.add_input_len(p, default=2048)
+    options.add_output_len(p, default=512, help="decoded tokens T, EOS disabled (default: %(default)s)")
+    p.add_argument(
+        "--batch",
+        type=batch_arg,
+        default="auto",
+        metavar="N|auto",
+        help="rows per decode, a multiple of the device count; auto = the largest whose decode program "
+        "fits --hbm-gib per device by the memory plan, at most 32 per device (default: %(default)s)",
+    )
+    p.add_argument(
+        "--hbm-gib",
+        type=float,
+        default=None,
+        help="memory per device for --batch auto, GiB (default: what the device reports, else "
+        f"{DEFAULT_HBM_GIB:g}, TPU v4)",
+    )
+    options.add_dtype(
+        p,
+        default="bfloat16",
+        choices=DTYPES,
+        help="parameters, activations and KV cache (default: %(default)s)",
+    )
+    p.add_argument(
+        "--runs",
+        type=options.positive_int,
+        default=5,
+        help="timed runs after the warm-up (default: %(default)s)",
+    )
+    options.add_seed(p)
+    p.add_argument("--overwrite", action="store_true", help=f"replace an existing {TIMING_FILE}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gqa_jax.log import log
+    from gqa_jax.tools import time_decode
+
+    settings = time_decode.TimeSettings(
+        workdir=args.workdir, preset=args.preset, num_kv_heads=args.num_kv_heads, model=args.model,
+        input_len=args.input_len, output_len=args.output_len, batch=args.batch, hbm_gib=args.hbm_gib,
+        dtype=args.dtype, runs=args.runs, seed=args.seed, overwrite=args.overwrite,
+    )  # fmt: skip
+    record = time_decode.time_decode(settings, log=log)
+    print(time_decode.summary(record, args.workdir), flush=True)
+    return 0

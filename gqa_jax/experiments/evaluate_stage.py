@@ -1,0 +1,74 @@
+"""The ``evaluate`` stage: score a checkpoint on a task's split with greedy decoding (the paper's
+evaluation) and write ``results.json`` and ``decodes.jsonl`` into a run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gqa_jax import convert, metrics, training
+from gqa_jax.data import tasks as tasks_lib
+
+RESULTS = "results.json"
+DECODES = "decodes.jsonl"
+
+
+def evaluate_checkpoint(
+    workdir: str | os.PathLike,
+    model_path: str | os.PathLike,
+    task_name: str,
+    *,
+    split: str = "validation",
+    examples: int | None = None,
+    batch_size: int = 32,
+    data_dir: str | None = None,
+    vocab: str | None = None,
+    input_length: int | None = None,
+    target_length: int | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Decode ``examples`` of ``task_name``'s ``split`` (all when None) with the checkpoint at
+    ``model_path`` (ours, or a HuggingFace T5 directory) and score them with the task's metric;
+    writes and returns the results (fields in ``docs/experiments.md``)."""
+    workdir = Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"--workdir {workdir} is a file, not a directory")
+    out = workdir / RESULTS
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out} exists: pass --overwrite to score again, or choose another --workdir")
+    task = tasks_lib.get_task(task_name)
+    if task.metric is None:
+        raise ValueError(f"task {task_name} is span corruption: its dev loss is in a training run's metrics")
+    if examples is not None and examples < 1:
+        raise ValueError(f"--examples must be >= 1, got {examples}")
+    data_dir = data_dir or tasks_lib.default_data_dir()
+    voc = training.load_vocab(vocab, task, data_dir)
+    model, _, kind = convert.load_source(model_path)  # ours or a HuggingFace T5 directory
+    t0 = time.time()
+    scores, decodes = training.evaluate(
+        model, task, voc, split=split, num_examples=examples, batch_size=batch_size, data_dir=data_dir,
+        input_length=input_length, target_length=target_length,
+    )  # fmt: skip
+    result = {
+        "task": task.name,
+        "split": split,
+        "metric": task.metric,
+        "scores": scores,
+        "primary": scores[metrics.PRIMARY[task.metric]],
+        "examples": len(decodes),
+        "model": str(model_path),
+        "model_kind": kind,
+        "seconds": time.time() - t0,
+    }
+    workdir.mkdir(parents=True, exist_ok=True)
+    metrics.write_decodes(
+        workdir / DECODES, [d["input"] for d in decodes], [d["prediction"] for d in decodes],
+        [d["reference"] for d in decodes],
+    )  # fmt: skip
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
+    return result

@@ -1,0 +1,283 @@
+"""``python -m gqa_jax time``: time per sample of greedy decoding at one input and output length,
+as the paper measures it (T_infer: the largest batch that fits, up to 32 per chip), written to
+``DIR/timing.json`` for the experiments' report.
+
+- The model: a preset's random weights (``model.build(config, seed=)``) or a gqa_jax checkpoint
+  (``checkpoints.load``), parameters and activations cast to ``dtype``.
+- The inputs: random ids ``[batch, input_len]`` (``bench_models.random_ids``: no pad, no EOS);
+  EOS is disabled (``bench_models.NEVER_EOS``) so every row decodes exactly ``output_len`` tokens
+  (checked).
+- The timing: ``decoding.greedy_decode`` (the fused loop, prefill included) under
+  ``tools.timing.measure``: one warm-up call (compile) excluded, then ``runs`` calls each ended by
+  ``block_until_ready``; time per sample = median end-to-end time / batch. Inputs and parameters
+  are on the devices before the clock starts.
+- The batch: given, or ``auto`` = the largest that fits ``hbm_gib`` per device by the memory plan
+  (``tools.plan``'s decode program, compiled ahead of time), at most 32 per device. With several
+  devices the rows split over a ``data`` mesh axis of all of them (parameters replicated), so the
+  batch is a multiple of the device count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from gqa_jax import decoding
+from gqa_jax import model as model_lib
+from gqa_jax import sharding as sharding_lib
+from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
+from gqa_jax.tools.bench_models import NEVER_EOS, random_ids
+from gqa_jax.tools.compiled_memory import GIB
+from gqa_jax.tools.timing import machine_info, measure, write_json
+
+TIMING_FILE = "timing.json"
+DTYPES = ("bfloat16", "float32")
+PER_DEVICE = 32  # the paper's cap: up to 32 samples per chip
+RULE_GIVEN = "given"
+RULE_AUTO = f"largest that fits, <= {PER_DEVICE} per device"
+FIELDS = (
+    "time_per_sample_s", "times_s", "batch", "batch_rule", "input_len", "output_len", "preset",
+    "num_heads", "num_kv_heads", "dtype", "weights", "machine",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeSettings:
+    workdir: str
+    preset: str | None = None  # random weights of this preset ...
+    num_kv_heads: int | None = None  # ... with K K/V heads (None: MHA)
+    model: str | None = None  # ... or a gqa_jax checkpoint directory
+    input_len: int = 2048
+    output_len: int = 512
+    batch: int | str = "auto"  # rows, or "auto"
+    hbm_gib: float | None = None  # None: the device's memory when it reports it, else the plan's default
+    dtype: str = "bfloat16"
+    runs: int = 5
+    seed: int = 0  # weights and inputs
+    overwrite: bool = False
+
+
+# ----------------------------------------------------------------------------- checks
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+
+
+def check_settings(s: TimeSettings) -> None:
+    """Everything that can be checked before a model is built: one ValueError naming the problem."""
+    if s.preset is not None and s.model is not None:
+        raise ValueError("give either --preset (random weights) or --model CKPT_DIR, not both")
+    if s.preset is None and s.model is None:
+        raise ValueError("give --preset P (random weights) or --model CKPT_DIR (a gqa_jax checkpoint)")
+    if s.model is not None and s.num_kv_heads is not None:
+        raise ValueError("--num-kv-heads applies to --preset only: a checkpoint has its own K/V heads")
+    if s.preset is not None and s.preset not in PRESETS:
+        raise ValueError(f"unknown preset {s.preset!r}; known: {', '.join(PRESETS)}")
+    for name in ("input_len", "output_len", "runs"):
+        _positive(name, getattr(s, name))
+    if s.batch != "auto":
+        _positive("batch", s.batch)
+    if s.dtype not in DTYPES:
+        raise ValueError(f"dtype {s.dtype!r}; choose from {', '.join(DTYPES)}")
+    if s.hbm_gib is not None and not s.hbm_gib > 0:
+        raise ValueError(f"--hbm-gib must be positive, got {s.hbm_gib}")
+    if s.preset is not None and s.num_kv_heads is not None:
+        n = preset(s.preset).num_heads
+        if not isinstance(s.num_kv_heads, int) or s.num_kv_heads < 1 or n % s.num_kv_heads:
+            raise ValueError(
+                f"--num-kv-heads {s.num_kv_heads} does not divide num_heads={n} of preset {s.preset}: "
+                f"choose from {divisors(n)}"
+            )
+    devices = jax.device_count()
+    if s.batch != "auto" and s.batch % devices:
+        raise ValueError(f"--batch {s.batch} is not a multiple of the {devices} devices the rows split over")
+
+
+def check_workdir(workdir: str | os.PathLike, overwrite: bool) -> Path:
+    """``workdir``'s timing file (the directory is created when the record is written); refuses a
+    file, and an existing timing file unless ``overwrite``."""
+    path = Path(workdir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--workdir {path} is a file, not a directory")
+    out = path / TIMING_FILE
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out} already exists; pass --overwrite to replace it")
+    return out
+
+
+# ----------------------------------------------------------------------------- the model
+def matching_preset(config: ModelConfig) -> str | None:
+    """The preset whose shapes (at ``config``'s K) ``config`` has, dtypes and dropout aside."""
+    norm = {"dtype": "float32", "param_dtype": "float32", "dropout_rate": 0.0}
+    for name in PRESETS:
+        if config.replace(**norm) == preset(name, num_kv_heads=config.num_kv_heads, **norm):
+            return name
+    return None
+
+
+def model_config(s: TimeSettings) -> ModelConfig:
+    return preset(s.preset, num_kv_heads=s.num_kv_heads, dtype=s.dtype, param_dtype=s.dtype)
+
+
+def load_model(path: str, dtype: str) -> tuple[ModelConfig, Any]:
+    """A gqa_jax checkpoint's ``(config, model)``, parameters and activations cast to ``dtype``."""
+    from gqa_jax import checkpoints
+
+    stored, config = checkpoints.load(path)
+    config = config.replace(dtype=dtype, param_dtype=dtype)
+    params = nnx.to_pure_dict(nnx.state(stored, nnx.Param))
+    params = jax.tree.map(lambda x: x.astype(dtype), params)
+    return config, model_lib.build(config, params)
+
+
+# ----------------------------------------------------------------------------- the batch
+def device_hbm_gib() -> float | None:
+    """The memory JAX may use on the first device, GiB (None where it does not say: CPU)."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:  # some backends do not implement it
+        return None
+    limit = stats.get("bytes_limit")
+    return limit / GIB if limit else None
+
+
+def largest_batch(
+    preset_name: str, config: ModelConfig, s: TimeSettings, hbm_gib: float, log: Callable[[str], None]
+) -> int:
+    """The paper's rule: the largest batch whose decode program fits ``hbm_gib`` per device by the
+    memory plan, at most ``PER_DEVICE`` x the devices. One compile when the cap fits; else the
+    plan's batch search from the smallest batch (one row per device)."""
+    from gqa_jax.tools import plan
+
+    devices = jax.device_count()
+    cap = PER_DEVICE * devices
+
+    def planned(batch: int, search: bool) -> dict[str, Any]:
+        settings = plan.PlanSettings(
+            preset=preset_name, num_kv_heads=config.num_kv_heads, mesh=f"{devices}x1", batch=batch,
+            input_len=s.input_len, output_len=s.output_len, hbm_gib=hbm_gib, dtype=s.dtype,
+            programs=("decode",), batch_search=("decode",) if search else (),
+        )  # fmt: skip
+        return plan.plan(settings, log=log)["programs"]["decode"]
+
+    at_cap = planned(cap, search=False)
+    if at_cap["fits"]:
+        log(f"batch auto: the cap {cap} fits {hbm_gib:g} GiB per device")
+        return cap
+    found = planned(devices, search=True)["largest_batch"]
+    if not found["largest_batch"]:
+        raise ValueError(
+            f"no batch fits {hbm_gib:g} GiB per device: the decode program of {preset_name} "
+            f"K={config.num_kv_heads} at input {s.input_len}, output {s.output_len} needs more even at "
+            f"batch {devices} ({found['how']}); raise --hbm-gib or shorten the lengths"
+        )
+    batch = min(found["largest_batch"], cap)
+    log(f"batch auto: {batch} ({found['how']})")
+    return batch
+
+
+# ----------------------------------------------------------------------------- the timing
+def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Time greedy decoding as the module docstring says; write and return ``timing.json``'s record."""
+    s = settings
+    check_settings(s)
+    out = check_workdir(s.workdir, s.overwrite)
+    start = time.perf_counter()
+    if s.model is not None:
+        config, model = load_model(s.model, s.dtype)
+        preset_name, weights = matching_preset(config), str(Path(s.model).expanduser().absolute())
+        log(f"loaded {weights} in {time.perf_counter() - start:.1f} s")
+    else:
+        config, model, preset_name, weights = model_config(s), None, s.preset, "random"
+    if s.batch == "auto":
+        if preset_name is None:
+            raise ValueError(
+                f"--batch auto plans the memory of a preset's shapes, and {s.model} matches no preset "
+                f"({', '.join(PRESETS)}): give --batch N"
+            )
+        hbm = s.hbm_gib or device_hbm_gib()
+        if hbm is None:
+            from gqa_jax.tools.plan import DEFAULT_HBM_GIB
+
+            hbm = DEFAULT_HBM_GIB
+        batch, rule = largest_batch(preset_name, config, s, hbm, log), RULE_AUTO
+    else:
+        batch, rule = s.batch, RULE_GIVEN
+    if model is None:
+        model = model_lib.build(config, seed=s.seed)
+    graphdef, params = nnx.split(model)
+    ids = random_ids(config.vocab_size, batch, s.input_len, s.seed)
+    devices = jax.device_count()
+    mesh = sharding_lib.make_mesh(f"{devices}x1") if devices > 1 else None
+    if mesh is not None:  # placed before the clock starts, as greedy_decode would place them
+        params = sharding_lib.shard_params(params, mesh)
+        ids = jax.device_put(ids, sharding_lib.batch_sharding(mesh))
+    else:
+        ids = jax.device_put(ids)
+    jax.block_until_ready((params, ids))
+    log(
+        f"timing greedy decoding: batch {batch}, input {s.input_len}, output {s.output_len}, "
+        f"{s.dtype}, {s.runs} runs after one warm-up"
+    )
+
+    def decode() -> Any:
+        return decoding.greedy_decode((graphdef, params), ids, s.output_len, eos_id=NEVER_EOS, mesh=mesh)
+
+    timing, result = measure(decode, s.runs)
+    lengths = np.asarray(result.lengths)
+    if not (lengths == s.output_len).all():
+        raise RuntimeError(
+            f"greedy_decode emitted {lengths.tolist()} tokens per row, expected {s.output_len}"
+        )
+    record = {
+        "time_per_sample_s": timing["median_s"] / batch,
+        "times_s": list(timing["times_s"]),
+        "batch": batch,
+        "batch_rule": rule,
+        "input_len": s.input_len,
+        "output_len": s.output_len,
+        "preset": preset_name or "custom",
+        "num_heads": config.num_heads,
+        "num_kv_heads": config.num_kv_heads,
+        "dtype": s.dtype,
+        "weights": weights,
+        "machine": machine_info(),
+    }
+    assert tuple(record) == FIELDS
+    write_atomic(record, out)
+    log(f"compile + first call {timing['first_s']:.2f} s (compile ~{timing['compile_s']:.2f} s, excluded)")
+    return record
+
+
+def write_atomic(record: dict[str, Any], path: Path) -> None:
+    """``record`` as JSON at ``path``: written to a temporary file beside it, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_json(record, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def summary(record: dict[str, Any], workdir: str | os.PathLike) -> str:
+    """One line: what was timed, the time per sample, and where the record went."""
+    r, path = record, Path(workdir).expanduser() / TIMING_FILE
+    median = r["time_per_sample_s"] * r["batch"]
+    return (
+        f"time: {r['preset']} K={r['num_kv_heads']} of N={r['num_heads']}, weights {r['weights']}, "
+        f"{r['dtype']}, batch {r['batch']} ({r['batch_rule']}), input {r['input_len']}, "
+        f"output {r['output_len']}: {r['time_per_sample_s'] * 1e3:.3f} ms per sample "
+        f"(median {median:.4f} s of {len(r['times_s'])} runs / {r['batch']}) -> {path}"
+    )

@@ -6,4 +6,6 @@ a module with ``TAKES_EXTRA_ARGS = True`` gets the arguments argparse does not k
 ``args.extra``. Options shared by several commands are declared once, in ``options``.
 """
 
-COMMANDS = ("demo", "info", "convert", "data", "train", "evaluate", "time", "sweep", "bench", "plan")
+COMMANDS = (
+    "demo", "info", "convert", "data", "train", "evaluate", "time", "sweep", "report", "bench", "plan",
+)  # fmt: skip

@@ -77,3 +77,11 @@ def write_json(result: Any, path: str | None) -> None:
 
         timing.write_json(result, path)
         print(f"\nwrote {path}")
+
+
+def add_sweep(p: argparse.ArgumentParser) -> None:
+    """``SWEEP`` (experiments/<file>.py) and ``--set KEY=VALUE`` (repeatable), as `sweep` and
+    `report` take them: the same --set gives the same sweep."""
+    p.add_argument("sweep_file", metavar="SWEEP", help="experiments/<file>.py")
+    sets = "a sweep parameter (its PARAMS) or a field of every run that has it; repeatable"
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=sets)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from gqa_jax.cli import options
+
 HELP = "run a sweep (experiments/<file>.py): every run in dependency order, finished ones skipped"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sweep_file", metavar="SWEEP", help="experiments/<file>.py")
+    options.add_sweep(p)
     p.add_argument("--root", required=True, help="where the run directories go (ROOT/<run name>)")
     p.add_argument("--dry-run", action="store_true", help="print every run's complete command, run nothing")
     only = "runs whose name matches this fnmatch pattern, and the runs they depend on"
     p.add_argument("--only", default=None, metavar="PATTERN", help=only)
-    sets = "a sweep parameter (its PARAMS) or a field of every run that has it; repeatable"
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=sets)
     launcher = "local: one after another here; tpu: each through scripts/launch_tpu.sh"
     p.add_argument("--launcher", default="local", choices=("local", "tpu"), help=launcher)
     p.add_argument("--tpu", default=None, help="with --launcher tpu: the TPU VM name")

@@ -1,4 +1,7 @@
-"""Shared fixtures: a tiny SentencePiece vocabulary trained once per test session."""
+"""Shared fixtures, built once per test session: a tiny SentencePiece vocabulary, and the
+embedded suite's corpus and docsum datasets from 16 stdlib files (for the subprocess tests)."""
+
+import os
 
 import numpy as np
 import pytest
@@ -22,6 +25,27 @@ def small_vocab(tmp_path_factory):
     return train_vocab(lines, size=300, out=out)
 
 
+@pytest.fixture(scope="session")
+def suite_subset(tmp_path_factory):
+    """``(data_dir, env)``: stdlib_corpus and stdlib_docsum built from the first 16 stdlib files,
+    and the environment that selects that subset in a subprocess."""
+    from gqa_jax.data import stdlib_extract, stdlib_suite
+
+    env = dict(os.environ, **{stdlib_extract.MAX_FILES_ENV: "16"})
+    env.pop(stdlib_extract.ROOT_ENV, None)
+    data = tmp_path_factory.mktemp("suite")
+    old = os.environ.get(stdlib_extract.MAX_FILES_ENV)
+    os.environ[stdlib_extract.MAX_FILES_ENV] = "16"
+    try:
+        stdlib_suite.build_suite(data, names=("stdlib_corpus", "stdlib_docsum"), log=lambda _: None)
+    finally:
+        if old is None:
+            del os.environ[stdlib_extract.MAX_FILES_ENV]
+        else:
+            os.environ[stdlib_extract.MAX_FILES_ENV] = old
+    return data, env
+
+
 # The few tests that run subprocesses or whole training runs take minutes each; starting them
 # first lets the two xdist workers share them instead of ending on one long tail.
 SLOW_FIRST = (
@@ -29,6 +53,7 @@ SLOW_FIRST = (
     "test_multihost.py",
     "test_sharding.py::test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh",
     "test_main.py",
+    "test_runner.py",
     "test_training.py",
     "test_plan.py",
 )

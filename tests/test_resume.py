@@ -3,7 +3,6 @@
 Uninterrupted 2n steps vs n steps, SIGKILL, restart: parameters, optimizer state and the metrics
 of steps n+1..2n must be bitwise identical (CPU)."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,32 +12,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import pytest
 
 from gqa_jax import metrics
-from gqa_jax.data import stdlib_extract, stdlib_suite
 
 REPO = Path(__file__).resolve().parents[1]
 N = 5
 COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "learning_rate")
-
-
-@pytest.fixture(scope="module")
-def suite_subset(tmp_path_factory):
-    """The embedded suite built from the first 16 stdlib files (and the env that selects it)."""
-    env = dict(os.environ, **{stdlib_extract.MAX_FILES_ENV: "16"})
-    env.pop(stdlib_extract.ROOT_ENV, None)
-    data = tmp_path_factory.mktemp("suite")
-    old = os.environ.get(stdlib_extract.MAX_FILES_ENV)
-    os.environ[stdlib_extract.MAX_FILES_ENV] = "16"
-    try:
-        stdlib_suite.build_suite(data, names=("stdlib_corpus",), log=lambda _: None)
-    finally:
-        if old is None:
-            del os.environ[stdlib_extract.MAX_FILES_ENV]
-        else:
-            os.environ[stdlib_extract.MAX_FILES_ENV] = old
-    return data, env
 
 
 def command(workdir, data, vocab, steps):

@@ -4,16 +4,11 @@ midway and a rerun run only the unfinished runs, a failed dependency stops only 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import pytest
-
-from gqa_jax.data import stdlib_extract, stdlib_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,24 +55,6 @@ def get_sweep(params):
 """
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory, small_vocab):
-    """The corpus and docsum datasets of the suite built from 16 stdlib files, and their env."""
-    env = dict(os.environ, **{stdlib_extract.MAX_FILES_ENV: "16"})
-    env.pop(stdlib_extract.ROOT_ENV, None)
-    data = tmp_path_factory.mktemp("suite")
-    old = os.environ.get(stdlib_extract.MAX_FILES_ENV)
-    os.environ[stdlib_extract.MAX_FILES_ENV] = "16"
-    try:
-        stdlib_suite.build_suite(data, names=("stdlib_corpus", "stdlib_docsum"), log=lambda _: None)
-    finally:
-        if old is None:
-            del os.environ[stdlib_extract.MAX_FILES_ENV]
-        else:
-            os.environ[stdlib_extract.MAX_FILES_ENV] = old
-    return data, env
-
-
 def sweep_command(file: Path, root: Path) -> list[str]:
     return [sys.executable, "-m", "gqa_jax", "sweep", str(file), "--root", str(root)]
 
@@ -86,8 +63,10 @@ def statuses(root: Path) -> dict[str, str]:
     return {p.parent.name: json.loads(p.read_text())["status"] for p in root.glob("*/run.json")}
 
 
-def test_every_stage_runs_and_a_killed_sweep_reruns_only_the_unfinished_runs(suite, small_vocab, tmp_path):
-    data, env = suite
+def test_every_stage_runs_and_a_killed_sweep_reruns_only_the_unfinished_runs(
+    suite_subset, small_vocab, tmp_path
+):
+    data, env = suite_subset
     file = tmp_path / "tiny.py"
     file.write_text(TINY_SWEEP.format(data=str(data), vocab=str(small_vocab.path)))
     root = tmp_path / "root"

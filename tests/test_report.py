@@ -471,10 +471,7 @@ def test_in_a_mini_without_proxies_evaluate_runs_tagged_method_or_alpha_are_the_
 # ---------------------------------------------------------------------------------- the real sweep files
 @pytest.mark.parametrize("name", ["table1", "fig4_conversion", "fig5_alpha", "fig6_groups"])
 def test_the_repository_sweep_files_report_with_every_run_done(tmp_path, name):
-    file = REPO / "experiments" / f"{name}.py"
-    if not file.is_file():
-        pytest.skip(f"{file} not there")
-    sweep = load_sweep(file)
+    sweep = load_sweep(REPO / "experiments" / f"{name}.py")
     values = {r.name: 1.0 + i % 7 for i, r in enumerate(sweep.runs)}
     written = report.write_report(sweep, fake_root(tmp_path, sweep, values))
     md = written["report.md"].read_text()

@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gqa_jax.experiments.paper import REPO
 from gqa_jax.experiments.sweep import Run, Sweep, command, order
 
 RUN_FILE = "run.json"
 LOG_FILE = "log.txt"
 LAUNCHERS = ("local", "tpu")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def status(root: Path, name: str) -> str | None:

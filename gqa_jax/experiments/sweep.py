@@ -54,12 +54,6 @@ class Sweep:
     runs: tuple[Run, ...]
     paper: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def run(self, name: str) -> Run:
-        for r in self.runs:
-            if r.name == name:
-                return r
-        raise KeyError(name)
-
 
 def check(sweep: Sweep) -> None:
     """Names unique and safe as directory names, known stages, dependencies that exist and come

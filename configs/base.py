@@ -21,7 +21,9 @@ defaults to None is a typed placeholder and takes only a value of its type):
     init_from         (str) fine-tuning: a gqa_jax checkpoint (e.g. <workdir>/model) or HF T5 directory
     seed              PRNG seed: the initial weights, the data order, uptrain's method=random
     model.*           preset + ModelConfig overrides (None = the preset's / checkpoint's value):
-                      num_kv_heads (int), grouped_attentions (tuple of attention names),
+                      d_model, d_ff, num_encoder_layers, num_decoder_layers, num_heads, head_dim
+                      (int: a new shape, trained from scratch only), num_kv_heads (int),
+                      grouped_attentions (tuple of attention names),
                       dropout_rate, dtype and param_dtype (str)
     optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
     uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random),
@@ -74,6 +76,13 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
     c.model = config_dict.ConfigDict(
         {
             "preset": "tiny",
+            # the preset's shape, overridden field by field (None: the preset's)
+            "d_model": config_dict.placeholder(int),
+            "d_ff": config_dict.placeholder(int),
+            "num_encoder_layers": config_dict.placeholder(int),
+            "num_decoder_layers": config_dict.placeholder(int),
+            "num_heads": config_dict.placeholder(int),
+            "head_dim": config_dict.placeholder(int),
             "num_kv_heads": config_dict.placeholder(int),
             "grouped_attentions": config_dict.placeholder(tuple),
             "dropout_rate": 0.0,

@@ -267,9 +267,7 @@ def decode_loop(
     with mesh_context(mesh, rules):
         model = nnx.merge(graphdef, params)
         cache = prefill(model, encoder_input_ids, config.max_decode_len, chunked=fast)
-        state = init_state(
-            cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits
-        )
+        state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
 
         def step(s: DecodeState) -> DecodeState:
             with cpu_step.step(fast):

@@ -99,6 +99,7 @@ def global_batch(local: Mapping[str, Any], mesh: Mesh, *, identical: bool = Fals
 
 def to_host(tree: Any) -> Any:
     """Numpy copies of (possibly multi-process) global arrays, on every process."""
+
     def one(x: Any) -> Any:
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -348,9 +348,7 @@ def check_params(flat: FlatParams, config: ModelConfig, what: str) -> None:
     """Raise a ValueError naming every parameter missing, extra, or with another shape / dtype."""
     expected = flat_params(nnx.to_pure_dict(nnx.state(abstract(config), nnx.Param)))
     problems = [f"{dotted(p)}: missing" for p in sorted(expected.keys() - flat.keys(), key=dotted)]
-    problems += [
-        f"{dotted(p)}: not in the model" for p in sorted(flat.keys() - expected.keys(), key=dotted)
-    ]
+    problems += [f"{dotted(p)}: not in the model" for p in sorted(flat.keys() - expected.keys(), key=dotted)]
     for p in sorted(expected.keys() & flat.keys(), key=dotted):
         want, got = expected[p], flat[p]
         if tuple(want.shape) != tuple(np.shape(got)) or jnp.dtype(want.dtype) != jnp.dtype(got.dtype):

@@ -21,6 +21,7 @@ state's shardings and the sharded step live beside the train step (``gqa_jax.tra
 cache's layout beside the cache (``gqa_jax.cache.cache_layout``), multi-host helpers in
 ``gqa_jax.distributed``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -286,8 +287,6 @@ def check_batch(batch: Mapping[str, Any], mesh: Mesh) -> None:
                 f"batch {key} has {np.shape(value)[0]} rows, not divisible by the data axis size {data}: "
                 "choose a batch size that is a multiple of it"
             )
-
-
 
 
 def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:

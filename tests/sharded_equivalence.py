@@ -55,9 +55,7 @@ def main(cases):
         )
         params = placed.params  # the decode runs on the sharded initial params
         greedy = decoding.greedy_decode((graphdef_s, params), ids, 10, mesh=mesh, return_cache=True)
-        beam_out = (
-            beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
-        )
+        beam_out = beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
         step = training.make_train_step(graphdef_s, opt, mesh=mesh, state_shardings=shardings, dropout=False)
         new, m = step(placed, batch)
         key = new.params["decoder"]["layers"][0]["self_attn"]["key"]

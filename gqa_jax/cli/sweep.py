@@ -15,7 +15,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print every run's complete command, run nothing")
     only = "runs whose name matches this fnmatch pattern, and the runs they depend on"
     p.add_argument("--only", default=None, metavar="PATTERN", help=only)
-    launcher = "local: one after another here; tpu: each through scripts/launch_tpu.sh"
+    jobs = (
+        "runs at once (local launcher): a run starts when its dependencies are done; time runs "
+        "always run alone (default: %(default)s)"
+    )
+    p.add_argument("--jobs", type=options.positive_int, default=1, help=jobs)
+    launcher = "local: here, --jobs at a time; tpu: one at a time through scripts/launch_tpu.sh"
     p.add_argument("--launcher", default="local", choices=("local", "tpu"), help=launcher)
     p.add_argument("--tpu", default=None, help="with --launcher tpu: the TPU VM name")
     p.add_argument("--zone", default=None, help="with --launcher tpu: its zone")
@@ -30,4 +35,4 @@ def run(args: argparse.Namespace) -> int:
     tpu = ("--tpu", args.tpu, "--zone", args.zone) if args.launcher == "tpu" else ()
     s = sweep.load_sweep(args.sweep_file, args.sets)
     return runner.run_sweep(s, args.root, only=args.only, dry_run=args.dry_run, launcher=args.launcher,
-                            tpu=tpu, log=log)  # fmt: skip
+                            tpu=tpu, jobs=args.jobs, log=log)  # fmt: skip

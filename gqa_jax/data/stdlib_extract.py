@@ -37,6 +37,7 @@ Tests and quick runs: ``GQA_JAX_STDLIB_ROOT`` replaces the source root and
 ``GQA_JAX_STDLIB_MAX_FILES=N`` keeps only the first N files; both change the files hash, hence
 the config name.
 """
+
 from __future__ import annotations
 
 import ast
@@ -63,7 +64,6 @@ MIN_SOURCE_CHARS = 48  # drops stubs (`def close(self): return`); module sources
 MAX_SOURCE_CHARS = 32_768
 QA_PER_MODULE = 8
 QA_WINDOW_CHARS = 6_144  # ~1,650 tokens of the 8k suite vocabulary: the answer survives 2048
-
 
 
 # ------------------------------------------------------------------------------ files and fingerprint

@@ -49,6 +49,7 @@ SUITE_VERSION = "1.0.0"  # bump when the extraction rules change
 BUILD_COMMAND = "python -m gqa_jax data build-suite --data-dir DIR"
 VOCAB_SIZE = 8_000
 
+
 # ------------------------------------------------------------------------------------ TFDS builders
 @dataclasses.dataclass(eq=False)
 class StdlibConfig(tfds.core.BuilderConfig):
@@ -283,4 +284,3 @@ def run_build_suite(args: argparse.Namespace) -> int:
     if args.vocab_size:
         print(f"vocabulary: {suite_vocab_path(data_dir, args.vocab_size)}")
     return 0
-

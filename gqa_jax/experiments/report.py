@@ -246,7 +246,7 @@ def table1(
                 "plain_mean": None if None in paper_mean or not tasks else statistics.fmean(paper_mean),
             },
         })  # fmt: skip
-    return {"tasks": tasks, "rows": rows}
+    return {"tasks": tasks, "rows": rows, "note": schema.get("note")}
 
 
 def fig3(table: Mapping[str, Any]) -> dict[str, Any]:

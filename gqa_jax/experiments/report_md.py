@@ -93,6 +93,7 @@ def table_section(numbers: Any) -> list[str]:
         "lengths); the paper's: per TPUv4 chip. Scores: the dev sets' primary metric. \"Average (paper)\" "
         'is the paper\'s own column (it does not define it); "plain mean" is the mean over the tasks, ours '
         "(the paper's).",
+        *([""] + [table["note"]] if table.get("note") else []),
         "",
         *md_table(header, rows),
     ]

@@ -1,5 +1,5 @@
-"""Run a sweep: every run's command in dependency order, locally one after another or through
-``scripts/launch_tpu.sh`` on every worker of a TPU VM pod.
+"""Run a sweep: every run's command in dependency order, locally (one after another, or ``jobs``
+at a time) or through ``scripts/launch_tpu.sh`` on every worker of a TPU VM pod.
 
 Locally each run is a ``python -m gqa_jax ...`` subprocess writing ``ROOT/<name>/log.txt``; on exit
 0 the runner writes ``ROOT/<name>/run.json`` with status ``done``. A rerun skips done runs and
@@ -7,7 +7,12 @@ starts the others again: an interrupted training run resumes from its checkpoint
 command does that), an interrupted convert / evaluate / time run is redone in its own directory.
 A failed run stops its branch: every run that depends on it (directly or not) is not started, and
 the runner prints the failing command and its log; the other branches go on. Killing the runner
-kills the run it is waiting for (the child gets SIGKILL when its parent dies, on Linux).
+kills the runs it is waiting for (a child gets SIGKILL when its parent dies, on Linux).
+
+With ``jobs > 1`` a run starts as soon as its dependencies are done, in the sweep's order; a
+``time`` run never shares the machine (nothing else runs while it does). Local runs share JAX's
+persistent compilation cache in ``ROOT/jax_cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set):
+measured on the mini's fine-tuning, a second seed's run took 24 s instead of 33.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from gqa_jax.experiments.sweep import Run, Sweep, command, order
 RUN_FILE = "run.json"
 LOG_FILE = "log.txt"
 LAUNCHERS = ("local", "tpu")
+EXCLUSIVE = ("time",)  # stages that run alone: their clock must not share the machine
+CACHE_DIR = "jax_cache"  # ROOT/jax_cache: the runs' compilation cache (local launcher)
 
 
 def status(root: Path, name: str) -> str | None:
@@ -69,11 +76,22 @@ def _die_with_parent() -> None:
         pass
 
 
-def _eta(seconds: list[float], left: int) -> str:
+def _eta(seconds: list[float], left: int, jobs: int = 1) -> str:
     if not seconds or not left:
         return ""
-    eta = sum(seconds) / len(seconds) * left
+    eta = sum(seconds) / len(seconds) * left / jobs
     return f", ETA {eta / 60:.1f} min for {left} more"
+
+
+def child_env(root: Path, launcher: str) -> dict[str, str]:
+    """The runs' environment: ours, plus (locally) JAX's persistent compilation cache in
+    ``ROOT/jax_cache`` unless ``JAX_COMPILATION_CACHE_DIR`` is set: seeds of a run compile the
+    same programs, and the cache compiles them once."""
+    env = dict(os.environ)
+    if launcher == "local" and not env.get("JAX_COMPILATION_CACHE_DIR"):
+        env["JAX_COMPILATION_CACHE_DIR"] = str(root / CACHE_DIR)
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    return env
 
 
 def run_sweep(
@@ -84,13 +102,22 @@ def run_sweep(
     dry_run: bool = False,
     launcher: str = "local",
     tpu: Sequence[str] = (),
+    jobs: int = 1,
     log: Callable[[str], None] = print,
     out: Callable[[str], None] = print,
 ) -> int:
     """Run (or with ``dry_run`` print) ``sweep``'s runs under ``root``; returns 0 when every
-    selected run is done, 1 when one failed or was blocked by a failure."""
+    selected run is done, 1 when one failed or was blocked by a failure.
+
+    ``jobs``: how many runs at once (local launcher; a run starts when its dependencies are
+    done, in the sweep's order). A ``time`` run always runs alone: nothing starts beside it, and
+    it starts when nothing else runs, so its clock measures decoding only."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r} must be a positive integer")
+    if launcher == "tpu" and jobs != 1:
+        raise ValueError("--jobs applies to the local launcher: on a TPU pod each run takes every worker")
     root = Path(root).expanduser().absolute()
     if root.exists() and not root.is_dir():
         raise ValueError(f"--root {root} is a file, not a directory")
@@ -100,44 +127,80 @@ def run_sweep(
             mark = "  # done" if status(root, r.name) == "done" else ""
             out(shlex.join(full_command(r, root, launcher, tpu)) + mark)
         return 0
+    env = child_env(root, launcher)
     failed: dict[str, str] = {}  # run -> the failed run that stops it
+    done = {r.name for r in runs if status(root, r.name) == "done"}
     seconds: list[float] = []
-    for i, r in enumerate(runs, 1):
+    pending = list(enumerate(runs, 1))
+    running: dict[str, tuple[Run, str, subprocess.Popen, Any, float, str, list[str]]] = {}
+
+    def start(i: int, r: Run) -> None:
         head = f"[{i}/{len(runs)}] {r.name} ({r.stage})"
-        if status(root, r.name) == "done":
-            log(f"{head}: done before, skipped")
-            continue
-        blocked = [failed[d] for d in r.deps if d in failed]
-        if blocked:
-            failed[r.name] = blocked[0]
-            log(f"{head}: not run, its dependency {blocked[0]} failed")
-            continue
         argv = full_command(r, root, launcher, tpu)
         (root / r.name).mkdir(parents=True, exist_ok=True)
         log_path = root / r.name / LOG_FILE
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         _write_status(root, r, argv, "running", started=started)
         log(f"{head}: running ... (log {log_path})")
-        t0 = time.time()
-        with open(log_path, "a") as f:
-            f.write(f"\n$ {shlex.join(argv)}\n")
-            f.flush()
-            rc = subprocess.call(
-                argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=_die_with_parent
-            )
+        f = open(log_path, "a")
+        f.write(f"\n$ {shlex.join(argv)}\n")
+        f.flush()
+        proc = subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=_die_with_parent
+        )
+        running[r.name] = (r, head, proc, f, time.time(), started, argv)
+
+    def finish(name: str, rc: int) -> None:
+        r, head, _, f, t0, started, argv = running.pop(name)
+        f.close()
         took = time.time() - t0
         if rc == 0:
             seconds.append(took)
+            done.add(r.name)
             finished = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             _write_status(root, r, argv, "done", started=started, seconds=took, finished=finished)
-            left = sum(1 for x in runs[i:] if status(root, x.name) != "done")
-            log(f"{head}: done in {took:.0f} s{_eta(seconds, left)}")
+            left = sum(1 for _, x in pending if x.name not in done) + len(running)
+            log(f"{head}: done in {took:.0f} s{_eta(seconds, left, jobs)}")
         else:
             failed[r.name] = r.name
+            log_path = root / r.name / LOG_FILE
             _write_status(root, r, argv, "failed", started=started, seconds=took, returncode=rc,
                           log=str(log_path))  # fmt: skip
             log(f"{head}: FAILED (exit {rc}) after {took:.0f} s")
             log(f"  command: {shlex.join(argv)}\n  log: {log_path}")
+
+    while pending or running:
+        # Start what may start, in the sweep's order: skip done runs, stop blocked branches.
+        for i, r in list(pending):
+            if len(running) >= jobs or any(x.stage in EXCLUSIVE for x, *_ in running.values()):
+                break
+            head = f"[{i}/{len(runs)}] {r.name} ({r.stage})"
+            if r.name in done:
+                pending.remove((i, r))
+                log(f"{head}: done before, skipped")
+                continue
+            blocked = [failed[d] for d in r.deps if d in failed]
+            if blocked:
+                pending.remove((i, r))
+                failed[r.name] = blocked[0]
+                log(f"{head}: not run, its dependency {blocked[0]} failed")
+                continue
+            waiting = [d for d in r.deps if d in {x.name for _, x in pending} | set(running)]
+            if waiting or (r.stage in EXCLUSIVE and running):
+                if jobs == 1 or r.stage in EXCLUSIVE:
+                    break  # keep the order: a time run waits for the runs before it
+                continue
+            pending.remove((i, r))
+            start(i, r)
+        if not running:
+            continue
+        while True:  # wait for a run to end
+            ended = [(n, x[2].poll()) for n, x in running.items() if x[2].poll() is not None]
+            if ended:
+                for n, rc in ended:
+                    finish(n, rc)
+                break
+            time.sleep(0.1)
     if failed:
         roots = sorted(set(failed.values()))
         log(f"sweep {sweep.name}: {len(failed)} run(s) not done because of {', '.join(roots)}; fix and rerun")

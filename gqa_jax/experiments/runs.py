@@ -115,14 +115,23 @@ def finetune_and_evaluate(
     seed: int = 0,
     deps: tuple[str, ...] = (),
     tags: dict[str, Any] | None = None,
+    finetune_fields: dict[str, Any] | None = None,
+    evaluate_options: dict[str, Any] | None = None,
 ) -> list[Run]:
     """``ft_<key>_<task>_s<seed>`` (fine-tune ``init``) and ``eval_...`` (its best dev checkpoint on
-    the dev split): the pair every quality number of the paper comes from."""
+    the dev split): the pair every quality number of the paper comes from. ``finetune_fields`` /
+    ``evaluate_options``: what a sweep sets beyond the paper's settings (the mini's lengths)."""
     ft = f"ft_{key}_{task}_s{seed}"
     tags = {**(tags or {}), "task": task, "seed": seed}
     return [
-        finetune(ft, init, task, params, seed=seed, deps=deps, tags=tags),
+        finetune(ft, init, task, params, seed=seed, deps=deps, tags=tags, **(finetune_fields or {})),
         evaluate(
-            f"eval_{key}_{task}_s{seed}", f"{{run:{ft}}}/best_model", task, params, deps=(ft,), tags=tags
+            f"eval_{key}_{task}_s{seed}",
+            f"{{run:{ft}}}/best_model",
+            task,
+            params,
+            deps=(ft,),
+            tags=tags,
+            **(evaluate_options or {}),
         ),
     ]

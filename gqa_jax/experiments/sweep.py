@@ -80,11 +80,8 @@ def check(sweep: Sweep) -> None:
         raise ValueError(f"sweep {sweep.name}: " + "; ".join(problems))
 
 
-def load_sweep(path: str | Path, sets: Sequence[str] = ()) -> Sweep:
-    """The sweep of the file at ``path``, with ``--set key=value`` items applied (see the module
-    docstring). Unknown keys, a file without ``get_sweep`` / ``PARAMS`` and invalid sweeps are
-    ValueErrors naming the problem."""
-    file = Path(path)
+def load_module(file: Path) -> Any:
+    """The sweep file at ``file`` as a module (it must define ``PARAMS`` and ``get_sweep``)."""
     if not file.is_file():
         raise FileNotFoundError(f"sweep file {file} does not exist (expected experiments/<name>.py)")
     spec = importlib.util.spec_from_file_location(f"gqa_jax_sweep_{file.stem}", file)
@@ -94,6 +91,15 @@ def load_sweep(path: str | Path, sets: Sequence[str] = ()) -> Sweep:
     for name in ("PARAMS", "get_sweep"):
         if not hasattr(module, name):
             raise ValueError(f"sweep file {file} defines no {name}")
+    return module
+
+
+def load_sweep(path: str | Path, sets: Sequence[str] = ()) -> Sweep:
+    """The sweep of the file at ``path``, with ``--set key=value`` items applied (see the module
+    docstring). Unknown keys, a file without ``get_sweep`` / ``PARAMS`` and invalid sweeps are
+    ValueErrors naming the problem."""
+    file = Path(path)
+    module = load_module(file)
     params = dict(module.PARAMS)
     field_sets: dict[str, Any] = {}
     for item in sets:

@@ -119,7 +119,11 @@ def matching_preset(config: ModelConfig) -> str | None:
     """The preset whose shapes (at ``config``'s K) ``config`` has, dtypes and dropout aside."""
     norm = {"dtype": "float32", "param_dtype": "float32", "dropout_rate": 0.0}
     for name in PRESETS:
-        if config.replace(**norm) == preset(name, num_kv_heads=config.num_kv_heads, **norm):
+        try:
+            candidate = preset(name, num_kv_heads=config.num_kv_heads, **norm)
+        except ValueError:  # config's K does not fit this preset's heads: another shape
+            continue
+        if config.replace(**norm) == candidate:
             return name
     return None
 

@@ -46,6 +46,9 @@ from gqa_jax.training.workdir import (
     write_config,
 )
 
+# ModelConfig fields a config may override to train a shape of its own (from scratch only)
+SHAPE_FIELDS = ("d_model", "d_ff", "num_encoder_layers", "num_decoder_layers", "num_heads", "head_dim")
+
 
 def check_config(config: Any) -> None:
     """Clear errors for a config that cannot run (before anything is built or written)."""
@@ -59,10 +62,20 @@ def check_config(config: Any) -> None:
             raise ValueError(f"uptraining continues span corruption; task {task.name} is not a corpus")
         if not config.uptrain.source:
             raise ValueError("uptraining needs config.uptrain.source (an MHA checkpoint to convert)")
-        if not 0 < config.uptrain.alpha <= 1:
-            raise ValueError(f"config.uptrain.alpha must be in (0, 1], got {config.uptrain.alpha}")
+        if not 0 <= config.uptrain.alpha <= 1:
+            raise ValueError(
+                f"config.uptrain.alpha must be in [0, 1] (0: convert only, no training step), "
+                f"got {config.uptrain.alpha}"
+            )
         if config.uptrain.original_steps < 1:
             raise ValueError("config.uptrain.original_steps (the source's pre-training steps) must be >= 1")
+    shape = [k for k in SHAPE_FIELDS if config.model.get(k) is not None]
+    starts_from = config.uptrain.source if config.recipe == "uptrain" else config.init_from
+    if shape and config.recipe != "pretrain" and starts_from:
+        raise ValueError(
+            f"config.model.{shape[0]} sets a new shape, but this run starts from {starts_from}, which "
+            "has its own: drop the model shape overrides"
+        )
     if config.recipe == "finetune" and task.span_corruption:
         raise ValueError(f"fine-tuning reads a sequence-to-sequence task; {task.name} is span corruption")
     for name in ("batch_size", "num_microbatches", "checkpoint_every", "log_every"):
@@ -96,8 +109,11 @@ def check_config(config: Any) -> None:
 
 
 def num_steps(config: Any) -> int:
-    """Steps of this run: ``round(alpha x original_steps)`` when uptraining, else num_train_steps."""
+    """Steps of this run: ``round(alpha x original_steps)`` (at least 1) when uptraining, 0 at
+    alpha 0 (the converted model is saved, and scored with ``eval_at_start``); else num_train_steps."""
     if config.recipe == "uptrain":
+        if config.uptrain.alpha == 0:
+            return 0
         return max(1, round(config.uptrain.alpha * config.uptrain.original_steps))
     return int(config.num_train_steps)
 
@@ -195,7 +211,9 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         log(f"resuming {workdir} from step {start}")
         if is_main:
             truncate_metrics(workdir, start)
-    if start >= total:
+    if total == 0:
+        log(f"{workdir}: alpha 0, the converted model is saved without a training step")
+    elif start >= total:
         log(f"{workdir} already at step {start} >= {total}: nothing to train")
 
     # Each process reads its own slice of every batch (processes holding the same rows of the

@@ -1,0 +1,309 @@
+"""The mini reproduction: the paper's pipeline, every table and figure, at a scale a laptop CPU
+runs offline, on the embedded stdlib suite (``python -m gqa_jax demo`` runs it and its report).
+
+    python -m gqa_jax demo                                  # = the two commands below, data first
+    python -m gqa_jax sweep experiments/mini.py --root runs/mini --jobs 2
+    python -m gqa_jax report experiments/mini.py --root runs/mini
+
+Roles (shapes in ``SCALES``): two MHA models pre-trained from scratch with span corruption on
+``stdlib_span`` stand in for T5.1.1-Large and -XXL; the XXL role is converted by mean pooling to
+MQA (1 K/V head) and GQA-2 (2 groups of its 8 heads, where the paper's GQA-8-XXL has 8 groups of
+64) and uptrained for alpha = 0.05 of its pre-training steps. The four Table 1 roles are
+fine-tuned on ``stdlib_docsum``, ``stdlib_modsum`` and ``stdlib_qa`` (2 seeds, 3 for MQA as the
+paper's Appendix A does), the best dev checkpoint is scored on the dev split, and each role's
+greedy decoding is timed at each task's lengths. The figures:
+
+- Fig. 3 from Table 1;
+- Fig. 4: the Large role -> MQA by mean / first / random, uptrained at alpha 0.05, scored on a
+  proxy: the dev span-corruption loss after uptraining (lower is better);
+- Fig. 5: the XXL role's MQA and GQA at alpha 0 (converted, no step), 0.05 and 0.1, on the same
+  proxy, with the MHA XXL role's pre-training dev loss as the reference line;
+- Fig. 6: time per sample against the number of groups (1, 2, 4, 8) at the XXL role's shape on
+  long inputs (converted weights, EOS disabled).
+
+Settings that differ from the paper's, and why: fine-tuning at learning rate 0.01 and batch 8
+for a few dozen steps (the paper: 0.001, batch 128, to convergence; at 0.001 these small models
+barely move in a few hundred steps), the tasks at shorter lengths than the suite's own (512 and
+2048 inputs cost seconds per step on a CPU), timing at batch 8 in float32 (bfloat16 is slow on
+a CPU). Dropout 0.1, greedy decoding, the best dev checkpoint and the conversion are the paper's.
+
+Scales (``--set scale=...``): ``default`` (the README's main command: within 60 minutes on 2
+CPU cores from a fresh clone, the suite's build included), ``quick`` (the test suite's: one
+task, few steps, minutes), ``large`` (bigger roles and longer runs for a GPU or TPU host).
+
+The paper's numbers beside ours are its Table 1 rows (T_infer per TPUv4 chip, its Average over
+its seven tasks): another scale and other tasks, so the ordering is what compares. The report
+ends with the paper's claims, each with its numbers and a verdict.
+"""
+
+from gqa_jax.experiments import paper
+from gqa_jax.experiments import runs as R
+from gqa_jax.experiments.sweep import Run, Sweep
+
+PARAMS = {"scale": "default", "data_dir": None, "vocab": None}
+
+_L = {
+    "d_model": 64,
+    "d_ff": 128,
+    "num_encoder_layers": 2,
+    "num_decoder_layers": 2,
+    "num_heads": 4,
+    "head_dim": 16,
+}
+_XXL = {
+    "d_model": 128,
+    "d_ff": 256,
+    "num_encoder_layers": 3,
+    "num_decoder_layers": 3,
+    "num_heads": 8,
+    "head_dim": 16,
+}
+SCALES = {
+    "default": {
+        "vocab_size": 8000,
+        "shapes": {"Large": _L, "XXL": _XXL},
+        "gqa": 2,
+        "pretrain": {"num_train_steps": 400, "batch_size": 16, "input_length": 128, "eval_every": 100},
+        "span_eval_examples": 64,
+        "alphas": (0.0, 0.05, 0.1),
+        "tasks": (("stdlib_docsum", 256, 32), ("stdlib_modsum", 512, 64), ("stdlib_qa", 512, 16)),
+        "seeds": {"MHA-Large": 2, "MHA-XXL": 2, "MQA-XXL": 3, "GQA-2-XXL": 2},
+        "finetune": {"num_train_steps": 60, "eval_every": 30, "batch_size": 8, "learning_rate": 0.01},
+        "eval_examples": 64,
+        "time": {"batch": 8, "runs": 5},
+        "groups": (1, 2, 4, 8),
+        "long": (2048, 64),
+    },
+    "quick": {
+        "vocab_size": 1000,
+        "shapes": {
+            "Large": dict(_L, d_model=32, d_ff=64, num_encoder_layers=1, num_decoder_layers=1),
+            "XXL": dict(_XXL, d_model=32, d_ff=64, num_encoder_layers=1, num_decoder_layers=1, head_dim=8),
+        },
+        "gqa": 2,
+        "pretrain": {"num_train_steps": 4, "batch_size": 4, "input_length": 64, "eval_every": 2},
+        "span_eval_examples": 8,
+        "alphas": (0.0, 0.05),
+        "tasks": (("stdlib_docsum", 64, 8),),
+        "seeds": {"MHA-Large": 1, "MHA-XXL": 1, "MQA-XXL": 2, "GQA-2-XXL": 2},
+        "finetune": {"num_train_steps": 2, "eval_every": 1, "batch_size": 4, "learning_rate": 0.01},
+        "eval_examples": 4,
+        "time": {"batch": 2, "runs": 2},
+        "groups": (1, 8),
+        "long": (128, 4),
+    },
+    "large": {
+        "vocab_size": 8000,
+        "shapes": {
+            "Large": {
+                "d_model": 256,
+                "d_ff": 1024,
+                "num_encoder_layers": 4,
+                "num_decoder_layers": 4,
+                "num_heads": 8,
+                "head_dim": 32,
+            },
+            "XXL": {
+                "d_model": 512,
+                "d_ff": 2048,
+                "num_encoder_layers": 8,
+                "num_decoder_layers": 8,
+                "num_heads": 16,
+                "head_dim": 32,
+            },
+        },
+        "gqa": 4,
+        "pretrain": {"num_train_steps": 20_000, "batch_size": 64, "input_length": 512, "eval_every": 1000},
+        "span_eval_examples": 256,
+        "alphas": (0.0, 0.05, 0.1),
+        "tasks": (("stdlib_docsum", 512, 64), ("stdlib_modsum", 2048, 128), ("stdlib_qa", 2048, 16)),
+        "seeds": {"MHA-Large": 2, "MHA-XXL": 2, "MQA-XXL": 3, "GQA-4-XXL": 2},
+        "finetune": {"num_train_steps": 3000, "eval_every": 500, "batch_size": 32, "learning_rate": 0.001},
+        "eval_examples": 512,
+        "time": {"batch": "auto", "runs": 5},
+        "groups": (1, 2, 4, 8, 16),
+        "long": (2048, 512),
+    },
+}
+PROXY = "dev span-corruption loss"
+
+
+def _roles(s):
+    """Table 1's roles: name -> (the run whose model/ it starts from, that run's name as a dep)."""
+    gqa = f"GQA-{s['gqa']}-XXL"
+    return {
+        "MHA-Large": "pretrain_large",
+        "MHA-XXL": "pretrain_xxl",
+        "MQA-XXL": "uptrain_xxl_k1_a0.05",
+        gqa: f"uptrain_xxl_k{s['gqa']}_a0.05",
+    }
+
+
+def get_sweep(params):
+    if params["scale"] not in SCALES:
+        raise ValueError(f"unknown scale {params['scale']!r}; choose from {', '.join(SCALES)}")
+    s = SCALES[params["scale"]]
+    assert 0.05 in s["alphas"], "Table 1's roles start from the alpha 0.05 uptraining"
+    data = {"data_dir": params["data_dir"], "vocab": params["vocab"], "progress": False, "log_every": 10}
+    span = dict(
+        data,
+        task="stdlib_span",
+        eval_examples=s["span_eval_examples"],
+        input_length=s["pretrain"]["input_length"],
+        batch_size=s["pretrain"]["batch_size"],
+    )
+    steps = s["pretrain"]["num_train_steps"]
+    runs = []
+    for role, shape in s["shapes"].items():
+        fields = dict(
+            span,
+            num_train_steps=steps,
+            eval_every=s["pretrain"]["eval_every"],
+            checkpoint_every=max(1, steps // 4),
+            **{f"model.{k}": v for k, v in shape.items()},
+        )
+        runs.append(
+            Run(
+                f"pretrain_{role.lower()}",
+                "pretrain",
+                dict(fields, config=paper.config("pretrain")),
+                tags={"model": f"MHA-{role}"},
+            )
+        )
+    src = {role: f"{{run:pretrain_{role.lower()}}}/model" for role in s["shapes"]}
+    up = dict(span, eval_every=0, checkpoint_every=1000)
+
+    def uptrain(name, role, kv, alpha, method="mean", tags=None):
+        alpha_fields = {"eval_at_start": True} if alpha == 0 else {}
+        return R.uptrain(
+            name,
+            src[role],
+            kv,
+            params,
+            method=method,
+            alpha=alpha,
+            original_steps=steps,
+            deps=(f"pretrain_{role.lower()}",),
+            tags=tags,
+            **{**up, **alpha_fields},
+        )
+
+    # Fig. 5 (and Table 1's starting points at alpha 0.05): the XXL role at each alpha.
+    for kv, model in ((1, "MQA-XXL"), (s["gqa"], f"GQA-{s['gqa']}-XXL")):
+        for alpha in s["alphas"]:
+            runs.append(
+                uptrain(
+                    f"uptrain_xxl_k{kv}_a{alpha:g}", "XXL", kv, alpha, tags={"model": model, "alpha": alpha}
+                )
+            )
+    # Fig. 4: the Large role -> MQA by each method, alpha 0.05.
+    for method in paper.FIG4_METHODS:
+        runs.append(uptrain(f"uptrain_large_mqa_{method}", "Large", 1, 0.05, method, {"method": method}))
+
+    # Table 1: fine-tune every role on every task, score its best dev checkpoint, time it.
+    ft = s["finetune"]
+    for model, start in _roles(s).items():
+        key = model.lower().replace("-", "_")
+        for task, inp, tgt in s["tasks"]:
+            lengths = {"input_length": inp, "target_length": tgt}
+            fields = dict(
+                data,
+                **lengths,
+                num_train_steps=ft["num_train_steps"],
+                eval_every=ft["eval_every"],
+                batch_size=ft["batch_size"],
+                eval_examples=s["eval_examples"],
+                eval_at_start=False,
+                checkpoint_every=1000,
+                **{"optimizer.learning_rate": ft["learning_rate"]},
+            )
+            for seed in range(s["seeds"][model]):
+                runs += R.finetune_and_evaluate(
+                    key,
+                    f"{{run:{start}}}/model",
+                    task,
+                    params,
+                    seed=seed,
+                    deps=(start,),
+                    tags={"model": model},
+                    finetune_fields=fields,
+                    evaluate_options=dict(lengths, examples=s["eval_examples"]),
+                )
+    # Fig. 6's models: the XXL role converted to each number of groups (no uptraining).
+    heads = s["shapes"]["XXL"]["num_heads"]
+    for k in s["groups"]:
+        if k != heads:
+            runs.append(R.convert(f"convert_xxl_k{k}", src["XXL"], k, deps=("pretrain_xxl",)))
+    # Time runs last: each runs alone (the runner never starts anything beside a time run).
+    timing = {"batch": s["time"]["batch"], "runs": s["time"]["runs"], "dtype": "float32"}
+    for model, start in _roles(s).items():
+        key = model.lower().replace("-", "_")
+        for task, inp, tgt in s["tasks"]:
+            tags = {"model": model, "lengths": f"{inp}/{tgt}"}
+            runs.append(
+                R.time(
+                    f"time_{key}_{task}",
+                    None,
+                    None,
+                    inp,
+                    tgt,
+                    model=f"{{run:{start}}}/model",
+                    deps=(start,),
+                    tags=tags,
+                    **timing,
+                )
+            )
+    long_in, long_out = s["long"]
+    for k in s["groups"]:
+        start = "pretrain_xxl" if k == heads else f"convert_xxl_k{k}"
+        runs.append(
+            R.time(
+                f"time_xxl_groups_{k}",
+                None,
+                None,
+                long_in,
+                long_out,
+                model=f"{{run:{start}}}/model",
+                deps=(start,),
+                tags={"groups": k},
+                **timing,
+            )
+        )
+    return Sweep("mini", tuple(runs), _paper(s))
+
+
+def _paper(s):
+    """The report's schema: the paper's Table 1 rows beside our roles, the figures' axes."""
+    gqa = f"GQA-{s['gqa']}-XXL"
+    ours = {"MHA-Large": "MHA-Large", "MHA-XXL": "MHA-XXL", "MQA-XXL": "MQA-XXL", gqa: "GQA-8-XXL"}
+    rows = {
+        m: {"time": paper.TABLE1[p]["time"], "average": paper.TABLE1[p]["average"]} for m, p in ours.items()
+    }
+    labels = {"stdlib_docsum": "docsum R1", "stdlib_modsum": "modsum R1", "stdlib_qa": "qa F1"}
+    metrics = {"stdlib_docsum": "ROUGE-1", "stdlib_modsum": "ROUGE-1", "stdlib_qa": "F1"}
+    tasks = [[t, labels[t], metrics[t]] for t, *_ in s["tasks"]]
+    note = (
+        f"The paper's numbers in parentheses are its Table 1 rows (T_infer per TPUv4 chip, its Average "
+        f"over its seven tasks) for the role each of ours stands for ({gqa}: its GQA-8-XXL); another "
+        "scale and other tasks, so compare the ordering, not the values."
+    )
+    heads = s["shapes"]["XXL"]["num_heads"]
+    long_in, long_out = s["long"]
+    return {
+        "table1": {"tasks": tasks, "rows": rows, "note": note},
+        "fig4": {"methods": list(paper.FIG4_METHODS), "claim": "Mean > First > Random"},
+        "fig5": {"alphas": list(s["alphas"]), "models": ["MQA-XXL", gqa], "reference": "MHA-XXL"},
+        "fig6": {
+            "groups": list(s["groups"]),
+            "reference_groups": heads,
+            "input_len": long_in,
+            "output_len": long_out,
+        },
+        "proxy": {"fig4": PROXY, "fig5": PROXY},
+    }
+
+
+def suite_needs(params):
+    """What ``demo`` builds before the sweep: the suite's datasets and the vocabulary size."""
+    s = SCALES[params["scale"]]
+    return ("stdlib_corpus", *(t for t, *_ in s["tasks"])), s["vocab_size"]

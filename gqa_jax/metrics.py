@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sacrebleu
-from rouge_score import rouge_scorer, scoring
+
+# rouge_score (with nltk) and sacrebleu load when a score is computed (about 1.5 s of every
+# training process's start otherwise, pre-training included).
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -87,6 +88,8 @@ def _bootstrap_mid(scores: Sequence[Mapping[str, Any]], seed: int) -> dict[str, 
     previous state restored afterwards, so the result is deterministic and callers' random
     streams are untouched (not thread-safe against other users of the global RNG meanwhile).
     """
+    from rouge_score import scoring
+
     aggregator = scoring.BootstrapAggregator()
     for example in scores:
         aggregator.add_scores(example)
@@ -112,6 +115,8 @@ def rouge(
     so a score is reproducible. The mid is close to, not equal to, the plain mean over examples.
     Returns ``{"rouge1", "rouge2", "rougeL", "rougeLsum"}``.
     """
+    from rouge_score import rouge_scorer
+
     _check_pairs(predictions, references)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
     scores = [
@@ -143,6 +148,8 @@ def rouge_stemmed_mean(predictions: Sequence[str], references: Sequence[str]) ->
     one sentence per line first (see ``_split_sentences``); the F-measures are averaged over
     examples without bootstrap. Returns ``{"rouge1", "rouge2", "rougeL", "rougeLsum"}``.
     """
+    from rouge_score import rouge_scorer
+
     _check_pairs(predictions, references)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     totals = dict.fromkeys(ROUGE_TYPES, 0.0)
@@ -160,6 +167,8 @@ def bleu(predictions: Sequence[str], references: Sequence[str]) -> dict[str, flo
     e.g. "5€." -> "5 € ."), ``smooth_method="exp"``, case-sensitive, no effective order. One
     reference per example. Returns ``{"bleu"}``.
     """
+    import sacrebleu
+
     _check_pairs(predictions, references)
     result = sacrebleu.corpus_bleu(
         list(predictions), [list(references)], smooth_method="exp", tokenize="intl",
@@ -170,6 +179,8 @@ def bleu(predictions: Sequence[str], references: Sequence[str]) -> dict[str, flo
 
 def bleu_13a(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """The earlier BLEU (not T5's): sacrebleu ``corpus_bleu`` defaults (13a tokenization)."""
+    import sacrebleu
+
     _check_pairs(predictions, references)
     result = sacrebleu.corpus_bleu(list(predictions), [list(references)])
     return {"bleu": float(result.score)}

@@ -92,6 +92,12 @@ def test_a_checkpoint_is_timed_with_its_own_config(tmp_path):
         td.time_decode(settings(tmp_path / "u", preset=None, model=str(ckpt), num_kv_heads=2))
 
 
+def test_a_checkpoint_of_no_preset_shape_names_no_preset():
+    """8 K/V heads fit none of the presets with fewer query heads (small has 6): no preset, no error."""
+    assert td.matching_preset(preset("tiny", num_heads=8, num_kv_heads=8)) is None
+    assert td.matching_preset(preset("tiny", num_kv_heads=2)) == "tiny"
+
+
 @pytest.mark.parametrize(
     "kw, error, match",
     [

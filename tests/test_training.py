@@ -174,6 +174,26 @@ def test_uptraining_converts_then_runs_alpha_times_original_steps(small_vocab, t
     assert manifest["method"] == "mean"
     assert checkpoints.load(tmp_path / "run" / "model")[1].kv_heads("decoder_self") == 1
 
+    # alpha 0: the conversion is saved without a step, and scored at step 0 (Fig. 5's first point)
+    zero = tiny_config(
+        small_vocab.path,
+        tmp_path,
+        _file="configs/uptrain.py",
+        eval_at_start=True,
+        eval_every=0,
+        eval_examples=4,
+        eval_batch_size=4,
+        **{"uptrain.source": str(source), "uptrain.alpha": 0.0},
+    )
+    with tfds.testing.mock_data(num_examples=16):
+        summary = training.train(zero, tmp_path / "alpha0")
+    assert summary["steps"] == summary["final_step"] == 0
+    rows = metrics.read_metrics(tmp_path / "alpha0")
+    assert [r["step"] for r in rows] == [0] and np.isfinite(rows[0]["eval/loss"])
+    saved = nnx.to_pure_dict(nnx.state(checkpoints.load(tmp_path / "alpha0" / "model")[0], nnx.Param))
+    for x, y in zip(jax.tree.leaves(saved), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(x, y)
+
 
 def test_bad_configs(small_vocab, tmp_path):
     with pytest.raises(ValueError, match="recipe"):
@@ -184,10 +204,33 @@ def test_bad_configs(small_vocab, tmp_path):
         training.check_config(tiny_config(small_vocab.path, tmp_path, task="cnn_dailymail"))
     with pytest.raises(ValueError, match="uptrain.source"):
         training.check_config(tiny_config(small_vocab.path, tmp_path, _file="configs/uptrain.py"))
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\]"):
+        training.check_config(tiny_config(small_vocab.path, tmp_path, _file="configs/uptrain.py",
+                                          **{"uptrain.source": "x", "uptrain.alpha": 1.5}))  # fmt: skip
+    with pytest.raises(ValueError, match="config.model.d_model sets a new shape, but this run starts from x"):
+        training.check_config(tiny_config(small_vocab.path, tmp_path, _file="configs/uptrain.py",
+                                          **{"uptrain.source": "x", "model.d_model": 48}))  # fmt: skip
     with pytest.raises(ValueError, match="no field 'batchsize'"):
         tiny_config(small_vocab.path, tmp_path, batchsize=3)
     with pytest.raises(ValueError, match="int"):
         tiny_config(small_vocab.path, tmp_path, batch_size="big")
+
+
+def test_a_config_trains_a_shape_of_its_own(small_vocab, tmp_path):
+    config = tiny_config(
+        small_vocab.path,
+        tmp_path,
+        **{"model.d_model": 48, "model.num_heads": 6, "model.head_dim": 4, "model.num_decoder_layers": 1},
+    )
+    cfg, _, _ = training.init_model(config, small_vocab, tmp_path)
+    assert (cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.num_encoder_layers, cfg.num_decoder_layers) == (
+        48,
+        6,
+        4,
+        2,
+        1,
+    )
+    assert cfg.vocab_size == small_vocab.vocab_size
 
 
 def test_bfloat16_activations_with_float32_params_train():

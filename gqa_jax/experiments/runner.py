@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,12 +69,30 @@ def _write_status(root: Path, run: Run, argv: list[str], state: str, **fields: A
     tmp.replace(directory / RUN_FILE)
 
 
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()  # looked up here: between fork and exec the child only makes the call
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGKILL when the runner dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)
+
+
+def _popen(argv: list[str], log_file: Any, env: dict[str, str]) -> subprocess.Popen:
+    with warnings.catch_warnings():
+        # JAX warns about any fork in a process that imported it; the child execs at once and
+        # calls nothing before (``_die_with_parent``: one prctl through a pointer looked up here).
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        return subprocess.Popen(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=_die_with_parent
+        )
 
 
 def _eta(seconds: list[float], left: int, jobs: int = 1) -> str:
@@ -145,9 +164,7 @@ def run_sweep(
         f = open(log_path, "a")
         f.write(f"\n$ {shlex.join(argv)}\n")
         f.flush()
-        proc = subprocess.Popen(
-            argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=_die_with_parent
-        )
+        proc = _popen(argv, f, env)
         running[r.name] = (r, head, proc, f, time.time(), started, argv)
 
     def finish(name: str, rc: int) -> None:

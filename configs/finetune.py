@@ -12,10 +12,11 @@ From configs/pretrain.py's measured 400-step model (``runs/pt``), README measure
 Those numbers came from an earlier build of the suite vocabulary; with the one the code builds
 now, at this learning rate (0.001), target length 32 (``--config.target_length=32``) and an
 evaluation every 150 steps (``--config.eval_every=150``), it gave 0.1 at step 150 and 5.9 at
-step 300, which is why the demo fine-tunes at ``--config.optimizer.learning_rate=0.01`` (MHA:
-0.7 -> 10.9 at step 300; at 0.001 MQA never rose above its starting 0.3). All of these were
+step 300, which is why the fixed demo that preceded the mini fine-tuned, and the mini
+(experiments/mini.py) fine-tunes, at ``--config.optimizer.learning_rate=0.01`` (the fixed demo's
+MHA: 0.7 -> 10.9 at step 300; at 0.001 MQA never rose above its starting 0.3). All of these were
 ROUGE-1 with stemming and a plain mean over examples (``rouge_stemmed_mean`` now); scores are T5's
-ROUGE today (no stemming, bootstrap mid), which gave the demo's MHA 0.7 -> 10.7 at step 300.
+ROUGE today (no stemming, bootstrap mid), which gave the fixed demo's MHA 0.7 -> 10.7 at step 300.
 
 Variant keys: ``task`` (a key of gqa_jax.data.tasks.TASKS), ``init`` (a gqa_jax checkpoint or
 HF T5 directory; without it the model starts from random weights), ``model`` (preset when

@@ -6,15 +6,13 @@
 The paper's recipe (section 2.1): mean-pool each group's K and V heads (``method``: mean, first
 or random), then train ``round(alpha x original_steps)`` steps of the original pre-training
 (span corruption, same schedule continued from the source's step). From configs/pretrain.py's
-measured 400-step run (``runs/pt``), that command is the demo's uptraining stage to MQA
-(``kv=2``: GQA-2): alpha 0.05 of 400 = 20 steps. README gives no time or loss for this stage alone (its
-pre-training's 400 steps took 4.5 minutes on 2 CPU cores; the whole demo 10.5). Fine-tuned
-afterwards on ``stdlib_docsum`` with the demo's settings (configs/finetune.py at learning rate
-0.01), the demo's table reads dev ROUGE-1 0.3 -> 12.3 for MQA, 0.6 -> 12.1 for GQA-2 and
-0.7 -> 10.9 for the MHA source itself.
+measured 400-step run (``runs/pt``), that command trains alpha 0.05 of 400 = 20 steps (``kv=2``:
+GQA-2); the fixed demo that preceded the mini ran exactly this stage (its measurements:
+docs/training.md). ``alpha=0`` trains no step: the conversion is saved as ``model/`` and, with
+``--config.eval_at_start=True``, scored on dev (the mini's Fig. 5 at alpha 0).
 
 Variant keys: ``source`` (a gqa_jax checkpoint directory or HF T5 directory), ``kv`` (K/V heads,
-1 = MQA), ``method``, ``alpha`` (paper: 0.05), ``original_steps`` (the source's pre-training
+1 = MQA), ``method``, ``alpha`` (paper: 0.05; 0: convert only), ``original_steps`` (the source's pre-training
 steps; default 1000), ``task``. The fields and their defaults: configs/base.py.
 """
 

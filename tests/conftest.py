@@ -49,10 +49,10 @@ def suite_subset(tmp_path_factory):
 # The few tests that run subprocesses or whole training runs take minutes each; starting them
 # first lets the two xdist workers share them instead of ending on one long tail.
 SLOW_FIRST = (
+    "test_mini.py",
     "test_resume.py",
     "test_multihost.py",
     "test_sharding.py::test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh",
-    "test_main.py",
     "test_runner.py",
     "test_training.py",
     "test_plan.py",

@@ -70,6 +70,11 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
     assert sorted(ran) == sorted(set(names) - done_first)  # only the unfinished runs ran again
     assert all(f"] {n} ({stages[n]}): done before, skipped" in out.stderr for n in done_first)
     assert set(statuses(root).values()) == {"done"} and set(statuses(root)) == set(names)
+    # each run's progress line counts the runs done per stage
+    assert (
+        "done in" in out.stderr
+        and "; pretrain 2/2, convert 1/1, uptrain 7/7, finetune 6/6, evaluate 6/6, time 6/6" in out.stderr
+    )
 
     # a time run never shares the machine: no other run's span overlaps its own
     spans = {n: json.loads((root / n / "run.json").read_text()) for n in names if n not in done_first}

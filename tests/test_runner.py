@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gqa_jax.experiments import runner
+from gqa_jax.experiments import runs as R
+
 REPO = Path(__file__).resolve().parents[1]
 
 FAILING_SWEEP = """
@@ -55,3 +58,8 @@ def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs):
     assert "/no/such/checkpoint" in (root / "bad" / "log.txt").read_text().split("\n$ ")[-1].split("\n", 1)[1]
     assert "after_bad (time): not run, its dependency bad failed" in log
     assert statuses(root) == {"bad": "failed", "ok": "done"}
+
+
+def test_progress_counts_the_runs_done_per_stage():
+    runs = [R.time("t1", "tiny", 1, 16, 4), R.convert("c", "src", 1), R.time("t2", "tiny", 1, 16, 4)]
+    assert runner.stage_progress(runs, {"t1"}) == "convert 0/1, time 1/2"

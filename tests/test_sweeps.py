@@ -181,3 +181,21 @@ def test_bad_sweep_files_are_clear_errors(tmp_path):
         runner.run_sweep(
             load_sweep(REPO / "experiments" / "fig6_groups.py"), ROOT, only="nothing*", dry_run=True
         )
+
+
+@pytest.mark.parametrize("scale, runs", [("default", 80), ("quick", 28), ("large", 86)])
+def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs):
+    sweep = load_sweep(REPO / "experiments" / "mini.py", [f"scale={scale}"])
+    assert len(sweep.runs) == runs
+    assert {r.stage for r in sweep.runs} == {"pretrain", "convert", "uptrain", "finetune", "evaluate", "time"}
+    models = {r.tags["model"] for r in sweep.runs if r.stage == "evaluate"}
+    assert models == {"MHA-Large", "MHA-XXL", "MQA-XXL", *sweep.paper["fig5"]["models"][1:]}
+    seeds = {
+        m: {r.tags["seed"] for r in sweep.runs if r.stage == "finetune" and r.tags["model"] == m}
+        for m in models
+    }
+    assert len(seeds["MQA-XXL"]) >= 2 and all(
+        len(s) >= (1 if scale == "quick" else 2) for s in seeds.values()
+    )
+    with pytest.raises(ValueError, match="unknown scale 'huge'; choose from default, quick, large"):
+        load_sweep(REPO / "experiments" / "mini.py", ["scale=huge"])

@@ -33,10 +33,6 @@ def sweep_file() -> Path:
     return MINI
 
 
-def scales() -> tuple[str, ...]:
-    return tuple(sweep.load_module(sweep_file()).SCALES)
-
-
 def run(
     root: str | Path = "runs/mini",
     *,

@@ -1,7 +1,18 @@
 """Shared fixtures, built once per test session: a tiny SentencePiece vocabulary, and the
-embedded suite's corpus and docsum datasets from 16 stdlib files (for the subprocess tests)."""
+embedded suite's corpus and docsum datasets from 16 stdlib files (for the subprocess tests).
+
+The session's processes (both xdist workers and every subprocess a test starts) share two
+settings, both about compile time, which is most of this suite's time (tiny programs, each run a
+few times):
+- XLA's LLVM optimization off (``--xla_backend_optimization_level=0``): measured on
+  test_decoding.py, test_model.py and test_convert.py with -n 2, 162 s -> 101 s; what the tests
+  check does not depend on it (the suite passes either way; benchmarks are not tests);
+- one JAX persistent compilation cache: many tests compile the same programs, in other processes.
+"""
 
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -11,6 +22,33 @@ CORPUS_WORDS = (
     "class import self value list dict alpha beta gamma delta epsilon zeta eta theta iota kappa lambda "
     "mu nu xi omicron pi rho sigma tau upsilon phi chi psi omega"
 ).split()
+
+
+CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config):
+    # In the controller (or a run without xdist), before any worker starts or jax compiles:
+    # the workers and their subprocesses inherit the environment. Flags and a cache the user set
+    # are kept.
+    if hasattr(config, "workerinput"):
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_backend_optimization_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE}".strip()
+    if os.environ.get(CACHE_ENV):
+        return
+    config._gqa_jax_cache = tempfile.mkdtemp(prefix="gqa_jax_test_jax_cache_")
+    os.environ[CACHE_ENV] = config._gqa_jax_cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_gqa_jax_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
+        del os.environ[CACHE_ENV]
 
 
 @pytest.fixture(scope="session")

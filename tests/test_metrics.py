@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
 import string
+import sys
 import warnings
 from collections import Counter
 
@@ -541,3 +543,23 @@ def test_write_decodes_roundtrip_and_atomic_overwrite(tmp_path):
     with pytest.raises(ValueError, match="differ in length: 1, 2, 2"):
         write_decodes(path, ["x"], ["y", "z"], ["r", "s"])
     assert path.read_text(encoding="utf-8").count("\n") == 2  # Untouched by the failed call.
+
+
+def test_import_without_hides_an_optional_package_only_while_loading(tmp_path, monkeypatch):
+    """How tensorboardX loads without torch and rouge_score without scipy.stats (seconds of each
+    training process's start): the hidden package reads as absent during the import, then
+    imports as usual; a package loaded already is not hidden."""
+    from gqa_jax.metrics import _import_without
+
+    (tmp_path / "opt_heavy.py").write_text("LOADED = True\n")
+    (tmp_path / "uses_heavy.py").write_text(
+        "try:\n    import opt_heavy\n    HEAVY = True\nexcept ImportError:\n    HEAVY = False\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("opt_heavy", "uses_heavy"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert _import_without("uses_heavy", ("opt_heavy",)).HEAVY is False
+    assert "opt_heavy" not in sys.modules
+    assert importlib.import_module("opt_heavy").LOADED  # importable again afterwards
+    del sys.modules["uses_heavy"]
+    assert _import_without("uses_heavy", ("opt_heavy",)).HEAVY is True  # already loaded: kept

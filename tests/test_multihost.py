@@ -1,7 +1,6 @@
 """Two local processes with 4 simulated CPU devices each (gloo collectives, coordinator on
 127.0.0.1): a train step, greedy decoding and a checkpoint round trip equal the one-process run."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import xla_env
 from flax import nnx
 
 from gqa_jax import decoding, training
@@ -54,12 +54,10 @@ def test_two_processes_equal_one(tmp_path):
     procs = []
     for pid in range(2):
         env = dict(
-            os.environ,
+            xla_env.cpu_devices(4),
             GQA_JAX_COORDINATOR=f"127.0.0.1:{port}",
             GQA_JAX_NUM_PROCESSES="2",
             GQA_JAX_PROCESS_ID=str(pid),
-            XLA_FLAGS="--xla_force_host_platform_device_count=4",
-            JAX_PLATFORMS="cpu",
         )
         procs.append(
             subprocess.Popen(

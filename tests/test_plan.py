@@ -3,13 +3,13 @@ shardings and the cache formula, the batch search, and the CLI (tiny preset; the
 subprocess so this process keeps its single CPU device)."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import xla_env
 
 from gqa_jax import cache
 from gqa_jax.__main__ import main
@@ -122,7 +122,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_eight_devices_cache_and_arguments_per_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = xla_env.cpu_devices(8)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300, cwd=HERE.parent
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import xla_env
 
 from gqa_jax import metrics
 
@@ -89,9 +90,8 @@ def two_processes(args, env, timeout=600):
     procs = []
     for pid in range(2):
         penv = dict(
-            env, GQA_JAX_COORDINATOR=f"127.0.0.1:{port}", GQA_JAX_NUM_PROCESSES="2",
-            GQA_JAX_PROCESS_ID=str(pid), XLA_FLAGS="--xla_force_host_platform_device_count=4",
-            JAX_PLATFORMS="cpu",
+            xla_env.cpu_devices(4, env), GQA_JAX_COORDINATOR=f"127.0.0.1:{port}", GQA_JAX_NUM_PROCESSES="2",
+            GQA_JAX_PROCESS_ID=str(pid),
         )  # fmt: skip
         procs.append(
             subprocess.Popen(args, cwd=REPO, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

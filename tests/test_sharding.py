@@ -2,7 +2,6 @@
 CPU devices, in a subprocess so this process keeps its single device)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import xla_env
 
 from gqa_jax import distributed, sharding
 
@@ -25,7 +25,7 @@ CASES = ("1x8:1", "4x2:8:nobeam")
 
 def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
     cases = list(CASES)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = xla_env.cpu_devices(8)
     out = subprocess.run(
         [sys.executable, str(HERE / "sharded_equivalence.py"), *cases],
         env=env, capture_output=True, text=True, timeout=900, cwd=HERE.parent,

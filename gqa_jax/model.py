@@ -21,6 +21,7 @@ within one document the distance between two tokens is the same as in the packed
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -308,7 +309,16 @@ FlatParams = dict[Path_, Any]
 
 
 def abstract(config: ModelConfig) -> T5:
-    """The model's structure with shape-only parameters: no memory, no random numbers drawn."""
+    """The model's structure with shape-only parameters: no memory, no random numbers drawn.
+
+    A fresh module each call (a clone of one traced per config: tracing the constructor took
+    0.2-0.6 s for ``tiny`` and 1.5 s for ``small`` on this CPU, cloning 0.05 s), so callers may
+    fill it in place."""
+    return nnx.clone(_abstract_template(config))
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_template(config: ModelConfig) -> T5:
     return nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
 
 

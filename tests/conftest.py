@@ -85,7 +85,10 @@ def suite_subset(tmp_path_factory):
 
 
 # The few tests that run subprocesses or whole training runs take minutes each; starting them
-# first lets the two xdist workers share them instead of ending on one long tail.
+# first lets the two xdist workers share them instead of ending on one long tail. With xdist's
+# default "load" scheduling the first worker took them all in its first chunk while the other
+# sat idle for 4 minutes at the end; the README's command uses "--dist worksteal" (an idle
+# worker takes half of the other's queue).
 SLOW_FIRST = (
     "test_mini.py",
     "test_resume.py",

@@ -169,3 +169,23 @@ def test_packed_rows_match_separate_examples():
     np.testing.assert_allclose(packed[0, 3:7], alone_b[0], atol=2e-5)
     with pytest.raises(ValueError, match="both"):
         model(jnp.asarray(enc), jnp.asarray(tgt), encoder_segment_ids=jnp.asarray(enc_seg))
+
+
+def test_abstract_gives_a_fresh_module_each_call_and_build_fills_it():
+    from gqa_jax import model as model_lib
+
+    cfg = preset("tiny", num_kv_heads=2)
+    a, b = model_lib.abstract(cfg), model_lib.abstract(cfg)
+    assert a is not b and a.decoder.layers[0].self_attn.key is not b.decoder.layers[0].self_attn.key
+    key = a.decoder.layers[0].self_attn.key
+    assert isinstance(key.get_value(), jax.ShapeDtypeStruct) and key.shape == (cfg.d_model, 2, cfg.head_dim)
+    built = model_lib.build(cfg, seed=0)
+    again = model_lib.build(cfg, nnx.state(built, nnx.Param))
+    # filling one module in place leaves the next abstract model shape-only
+    assert isinstance(again.decoder.layers[0].self_attn.key.get_value(), jax.Array)
+    assert isinstance(
+        model_lib.abstract(cfg).decoder.layers[0].self_attn.key.get_value(), jax.ShapeDtypeStruct
+    )
+    np.testing.assert_array_equal(
+        again.decoder.layers[0].self_attn.key[...], built.decoder.layers[0].self_attn.key[...]
+    )

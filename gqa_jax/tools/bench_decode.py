@@ -33,6 +33,7 @@ the floor ``tools.decode_floor``'s, the HF side ``tools.bench_hf``'s (the export
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -154,7 +155,9 @@ def run_decode_bench(
             "tokens_per_s": B * T / fused["median_s"],
             "time_per_sample_s": fused["median_s"] / B,
             "ttft_s": stepped["ttft_s"],
-            "tpot_s": (fused["median_s"] - stepped["ttft_s"]) / (T - 1) if T > 1 else float("nan"),
+            # the stepped loop's own steps after the first: (fused - TTFT) / (T - 1) mixed two loops
+            # and went negative when a tiny model's steps were below the timing noise
+            "tpot_s": statistics.mean(stepped["step_latencies_s"]) if T > 1 else float("nan"),
             "step_fused_s": (fused["median_s"] - stepped["prefill_s"]) / T,
         }
         res["table_b"][k] = row

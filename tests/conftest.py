@@ -84,11 +84,12 @@ def suite_subset(tmp_path_factory):
     return data, env
 
 
-# The few tests that run subprocesses or whole training runs take minutes each; starting them
-# first lets the two xdist workers share them instead of ending on one long tail. With xdist's
-# default "load" scheduling the first worker took them all in its first chunk while the other
-# sat idle for 4 minutes at the end; the README's command uses "--dist worksteal" (an idle
-# worker takes half of the other's queue).
+# The few tests that run subprocesses or whole training runs take minutes each: each worker
+# starts with some of them, so the suite does not end on one long tail. The README's command
+# uses "--dist worksteal", which hands worker 0 the first half of this order and worker 1 the
+# second (an idle worker then takes half of the other's queue), so the slow groups alternate
+# between the heads of the two halves. (xdist's default "load" scheduling gave worker 0 all of
+# them in its first chunk: worker 1 sat idle for the last 4 minutes.)
 SLOW_FIRST = (
     "test_mini.py",
     "test_resume.py",
@@ -107,4 +108,9 @@ def pytest_collection_modifyitems(items):
                 return i
         return len(SLOW_FIRST)
 
-    items.sort(key=rank)  # stable: the rest keep their order
+    slow = sorted((it for it in items if rank(it) < len(SLOW_FIRST)), key=rank)
+    rest = [it for it in items if rank(it) == len(SLOW_FIRST)]
+    first = [it for it in slow if rank(it) % 2 == 0]
+    second = [it for it in slow if rank(it) % 2 == 1]
+    half = max(len(items) // 2 - len(first), 0)
+    items[:] = first + rest[:half] + second + rest[half:]

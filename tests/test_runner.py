@@ -63,3 +63,14 @@ def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs):
 def test_progress_counts_the_runs_done_per_stage():
     runs = [R.time("t1", "tiny", 1, 16, 4), R.convert("c", "src", 1), R.time("t2", "tiny", 1, 16, 4)]
     assert runner.stage_progress(runs, {"t1"}) == "convert 0/1, time 1/2"
+
+
+def test_local_runs_share_a_compilation_cache_in_the_root_unless_one_is_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
+    env = runner.child_env(tmp_path, "local")
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / runner.CACHE_DIR)
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0.5"
+    assert "JAX_COMPILATION_CACHE_DIR" not in runner.child_env(tmp_path, "tpu")  # local runs only
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
+    assert runner.child_env(tmp_path, "local")["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "mine")

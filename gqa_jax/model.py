@@ -312,7 +312,7 @@ def abstract(config: ModelConfig) -> T5:
     """The model's structure with shape-only parameters: no memory, no random numbers drawn.
 
     A fresh module each call (a clone of one traced per config: tracing the constructor took
-    0.2-0.6 s for ``tiny`` and 1.5 s for ``small`` on this CPU, cloning 0.05 s), so callers may
+    0.2-0.6 s for ``tiny`` and 1.5-2.1 s for ``small`` on this CPU, cloning 0.05 s), so callers may
     fill it in place."""
     return nnx.clone(_abstract_template(config))
 

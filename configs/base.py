@@ -18,7 +18,7 @@ defaults to None is a typed placeholder and takes only a value of its type):
     task              a key of gqa_jax.data.tasks.TASKS (span corruption for pre-/uptraining)
     data_dir          (str) TFDS data dir (default $GQA_JAX_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)
     vocab             (str) SentencePiece model (default for stdlib_* tasks: the suite's vocabulary)
-    init_from         (str) fine-tuning: a gqa_jax checkpoint (e.g. <workdir>/model) or HF T5 directory
+    init_from         (str) fine-tuning: a gqa_jax checkpoint (<workdir>/model), HF T5 dir, T5X checkpoint_N
     seed              PRNG seed: the initial weights, the data order, uptrain's method=random
     model.*           preset + ModelConfig overrides (None = the preset's / checkpoint's value):
                       d_model, d_ff, num_encoder_layers, num_decoder_layers, num_heads, head_dim

@@ -18,8 +18,8 @@ MHA: 0.7 -> 10.9 at step 300; at 0.001 MQA never rose above its starting 0.3). A
 ROUGE-1 with stemming and a plain mean over examples (``rouge_stemmed_mean`` now); scores are T5's
 ROUGE today (no stemming, bootstrap mid), which gave the fixed demo's MHA 0.7 -> 10.7 at step 300.
 
-Variant keys: ``task`` (a key of gqa_jax.data.tasks.TASKS), ``init`` (a gqa_jax checkpoint or
-HF T5 directory; without it the model starts from random weights), ``model`` (preset when
+Variant keys: ``task`` (a key of gqa_jax.data.tasks.TASKS), ``init`` (a gqa_jax checkpoint,
+HF T5 directory or T5X checkpoint_N; without it the model starts from random weights), ``model`` (preset when
 starting from scratch), ``steps``. The fields and their defaults: configs/base.py.
 """
 

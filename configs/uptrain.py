@@ -11,7 +11,7 @@ GQA-2); the fixed demo that preceded the mini ran exactly this stage (its measur
 docs/training.md). ``alpha=0`` trains no step: the conversion is saved as ``model/`` and, with
 ``--config.eval_at_start=True``, scored on dev (the mini's Fig. 5 at alpha 0).
 
-Variant keys: ``source`` (a gqa_jax checkpoint directory or HF T5 directory), ``kv`` (K/V heads,
+Variant keys: ``source`` (a gqa_jax checkpoint, HF T5 directory or T5X checkpoint_N), ``kv`` (K/V heads,
 1 = MQA), ``method``, ``alpha`` (paper: 0.05; 0: convert only), ``original_steps`` (the source's pre-training
 steps; default 1000), ``task``. The fields and their defaults: configs/base.py.
 """

@@ -12,7 +12,7 @@ corruption; every model is fine-tuned on every task (constant lr 0.001, batch 12
 the task's lengths, the best dev checkpoint kept), evaluated on the dev split with greedy
 decoding, and timed at each task's lengths on random weights (the largest batch that fits, up to
 32 per device). T_infer is the mean of a model's per-task times. The starting checkpoints are
-paths the user gives (ours or HuggingFace T5 directories with safetensors; ``t5_large``,
+paths the user gives (ours, HuggingFace T5 directories or T5X checkpoint_N; ``t5_large``,
 ``t5_xxl``), as is T5's SentencePiece model (``vocab``).
 
 Expected runtime: the paper's scale (XXL on a TPU pod: about 600 TPUv3 chip-days for the two

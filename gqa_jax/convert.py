@@ -26,7 +26,7 @@ for all grouped attentions) -- the rule :func:`target_config` implements:
   heads (MHA); any other count cannot be expressed next to ``K'`` and is a ``ValueError``
   that tells you to convert that attention too.
 
-Files: :func:`convert_checkpoint` reads one of our checkpoints or a HuggingFace T5 directory,
+Files: :func:`convert_checkpoint` reads any checkpoint ``checkpoints.load_any`` knows,
 converts it and writes our checkpoint plus ``manifest.json`` (source path and content hash,
 configs, method, seed, group map, package version, git commit, time) in one atomic rename;
 :func:`check_conversion` re-derives a destination from its manifest and compares bit for bit.
@@ -49,7 +49,6 @@ from flax import nnx
 from flax.nnx import traversals
 
 from gqa_jax import __version__, checkpoints
-from gqa_jax.checkpoints.orbax import MARKER
 from gqa_jax.config import ATTENTION_KINDS, ModelConfig
 from gqa_jax.layers import fan_in_init
 from gqa_jax.model import T5, FlatParams, Path_, build, check_params, dotted, flat_params
@@ -200,27 +199,6 @@ def _hash(flat: FlatParams) -> str:
 
 
 # ------------------------------------------------------------------------------------ files
-def load_source(path: str | os.PathLike) -> tuple[T5, ModelConfig, str]:
-    """Load ``path`` as ``(model, config, kind)``; ``kind`` is ``"gqa_jax"`` or ``"huggingface"``.
-
-    Our checkpoints are recognized by ``checkpoint.json``, HF T5 directories by a ``config.json``
-    holding ``d_kv`` next to safetensors weights.
-    """
-    path = Path(path).expanduser().absolute()
-    if not path.exists():
-        raise FileNotFoundError(f"source {path} does not exist")
-    if (path / MARKER).is_file():
-        model, config = checkpoints.load(path)
-        return model, config, "gqa_jax"
-    if _looks_like_hf(path):
-        model, config = checkpoints.load_hf_t5(path)
-        return model, config, "huggingface"
-    raise ValueError(
-        f"source {path} is not a checkpoint: expected a gqa_jax checkpoint (checkpoint.json) or a "
-        "HuggingFace T5 directory (config.json with d_kv, and model.safetensors[.index.json])"
-    )
-
-
 def convert_checkpoint(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -246,7 +224,7 @@ def convert_checkpoint(
         )
     if dst_path.exists() and not overwrite and not (dst_path.is_dir() and not any(dst_path.iterdir())):
         raise FileExistsError(f"destination {dst_path} already exists; pass --overwrite to replace it")
-    model, config, kind = load_source(src_path)
+    model, config, kind = checkpoints.load_any(src_path)
     params, new_config, record = to_grouped(
         model, config, num_kv_heads, method, attentions=attentions, seed=seed
     )
@@ -282,7 +260,7 @@ def check_conversion(dst: str | os.PathLike) -> list[str]:
     if {k: manifest.get(k) for k in MANIFEST_FORMAT} != MANIFEST_FORMAT:
         raise ValueError(f"{dst_path / MANIFEST}: unsupported manifest; this code reads {MANIFEST_FORMAT}")
     model, config = checkpoints.load(dst_path)
-    source_model, source_config, kind = load_source(manifest["source"]["path"])
+    source_model, source_config, kind = checkpoints.load_any(manifest["source"]["path"])
     problems = []
     if kind != manifest["source"]["kind"]:
         problems.append(f"source kind is now {kind!r}, manifest says {manifest['source']['kind']!r}")
@@ -338,18 +316,6 @@ def _path_key(seed: int, path: Path_) -> jax.Array:
     """A PRNG key from the seed and the parameter's path (stable across runs and machines)."""
     tag = int.from_bytes(hashlib.sha256(dotted(path).encode()).digest()[:4], "little") & 0x7FFFFFFF
     return jax.random.fold_in(jax.random.key(seed), tag)
-
-
-def _looks_like_hf(path: Path) -> bool:
-    config = path / "config.json"
-    has_weights = (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
-    if not (config.is_file() and has_weights):
-        return False
-    try:
-        fields = json.loads(config.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(fields, dict) and "d_kv" in fields
 
 
 def _version() -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+import numpy as np
 import torch
 import transformers
 
@@ -40,3 +42,29 @@ def tiny_hf_t5(
         if separate_head:  # transformers 5 ties lm_head to shared unless it gets its own Parameter
             model.lm_head.weight = torch.nn.Parameter(torch.randn(vocab, D) * D**-0.5)
     return model
+
+
+def batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Encoder ids with 0, 3 and 6 right-padded positions; decoder ids starting with 0."""
+    rng = np.random.default_rng(seed)
+    enc = rng.integers(2, V, size=(3, 10))
+    for row, pads in enumerate((0, 3, 6)):
+        enc[row, enc.shape[1] - pads :] = 0
+    dec = rng.integers(1, V, size=(3, 7))
+    dec[:, 0] = 0
+    return enc, dec
+
+
+def max_logit_diff(hf_model, model) -> float:
+    """The largest |logit| difference between the HF model and ours on ``batch()``."""
+    enc, dec = batch()
+    with torch.no_grad():
+        ref = hf_model(
+            input_ids=torch.tensor(enc),
+            attention_mask=torch.tensor(enc != 0),
+            decoder_input_ids=torch.tensor(dec),
+        ).logits.numpy()
+    ours = np.asarray(model(jnp.asarray(enc), jnp.asarray(dec)))
+    assert ours.shape == ref.shape == (3, 7, V)
+    assert np.abs(ref).max() > 1.0, "reference logits are trivial"
+    return float(np.abs(ours - ref).max())

@@ -16,38 +16,14 @@ from gqa_jax.checkpoints.hf import load_hf_t5
 torch = pytest.importorskip("torch", reason="HF parity tests need torch (CPU) to build reference models")
 transformers = pytest.importorskip("transformers", reason="HF parity tests need transformers>=5")
 
-from hf_models import DEC_LAYERS, DKV, ENC_LAYERS, D, N, V  # noqa: E402  (after the importorskips)
+from hf_models import DEC_LAYERS, DKV, ENC_LAYERS, D, N  # noqa: E402  (after the importorskips)
+from hf_models import max_logit_diff as _max_diff  # noqa: E402
 from hf_models import tiny_hf_t5 as _hf_t5  # noqa: E402
 
 
 def _save(model, directory: Path, **kwargs) -> Path:
     model.save_pretrained(directory, safe_serialization=True, **kwargs)
     return directory
-
-
-def _batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Encoder ids with 0, 3 and 6 right-padded positions; decoder ids starting with 0."""
-    rng = np.random.default_rng(seed)
-    enc = rng.integers(2, V, size=(3, 10))
-    for row, pads in enumerate((0, 3, 6)):
-        enc[row, enc.shape[1] - pads :] = 0
-    dec = rng.integers(1, V, size=(3, 7))
-    dec[:, 0] = 0
-    return enc, dec
-
-
-def _max_diff(hf_model, model) -> float:
-    enc, dec = _batch()
-    with torch.no_grad():
-        ref = hf_model(
-            input_ids=torch.tensor(enc),
-            attention_mask=torch.tensor(enc != 0),
-            decoder_input_ids=torch.tensor(dec),
-        ).logits.numpy()
-    ours = np.asarray(model(jnp.asarray(enc), jnp.asarray(dec)))
-    assert ours.shape == ref.shape == (3, 7, V)
-    assert np.abs(ref).max() > 1.0, "reference logits are trivial"
-    return float(np.abs(ours - ref).max())
 
 
 @pytest.fixture(scope="module")

@@ -157,7 +157,7 @@ def test_uptraining_converts_then_runs_alpha_times_original_steps(small_vocab, t
     )
     # the starting point is exactly the mean-pooled conversion of the source
     model, opt_cfg, _ = training.init_model(config, small_vocab, tmp_path)
-    expected, _, _ = convert.to_grouped(*convert.load_source(source)[:2], 1, "mean")
+    expected, _, _ = convert.to_grouped(*checkpoints.load_any(source)[:2], 1, "mean")
     got = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(x, y)

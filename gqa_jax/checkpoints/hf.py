@@ -1,4 +1,4 @@
-"""Import a HuggingFace T5 checkpoint (``config.json`` + safetensors) into our ``T5``.
+"""Import a HuggingFace T5 checkpoint (``config.json`` + safetensors or ``flax_model.msgpack``).
 
 Both HF flavours map onto ``ModelConfig``:
 
@@ -11,10 +11,17 @@ Whether HF scales the decoder output: transformers 5.x writes ``"scale_decoder_o
 ``"tie_word_embeddings": false`` for T5.1.1. An unscaled checkpoint whose ``lm_head`` is absent
 or equals ``shared`` becomes an untied model with ``lm_head = shared.T`` (exact copy).
 
-Torch ``Linear`` weights are ``[out, in]``; ours are ``[in, out]`` with explicit head axes:
-``q/k/v [N*H, D] -> [D, N, H]``, ``o [D, N*H] -> [N, H, D]``, ``wi [F, D] -> [D, F]``,
-``wo [D, F] -> [F, D]``. HF T5 has no K/V-head option, so an import is MHA (K = N).
-Only safetensors are read: unpickling a ``pytorch_model.bin`` can run arbitrary code.
+Weights, in this order of preference: ``model.safetensors`` (or a sharded
+``model.safetensors.index.json``), then ``flax_model.msgpack`` (HF's Flax weights, which the
+smaller ``google/t5-v1_1-*`` repositories ship; read with flax's msgpack restore, no pickle).
+Torch ``Linear`` weights are ``[out, in]``, Flax kernels ``[in, out]``; ours are ``[in, out]``
+with explicit head axes: ``q/k/v [N*H, D]`` (Flax ``[D, N*H]``) ``-> [D, N, H]``, ``o [D, N*H]``
+(Flax ``[N*H, D]``) ``-> [N, H, D]``, ``wi [F, D] -> [D, F]``, ``wo [D, F] -> [F, D]``. HF T5 has
+no K/V-head option, so an import is MHA (K = N). ``pytorch_model.bin`` is refused: unpickling it
+can run arbitrary code.
+
+Safetensors are read one slice at a time, so with a ``mesh`` each device's block is read alone
+(``layout.materialize``); a msgpack file is one message, read whole on each host.
 """
 
 from __future__ import annotations
@@ -22,18 +29,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safetensors' numpy reader can return it)
 import numpy as np
+from flax import serialization
 from flax.nnx import traversals
+from jax.sharding import Mesh
 from safetensors import safe_open
 
 from gqa_jax import model as model_lib
+from gqa_jax.checkpoints import layout
+from gqa_jax.checkpoints.layout import Tensor
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
 
@@ -42,44 +51,48 @@ _ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")  # cop
 # Old checkpoints carry this tensor; HF's own model never uses it (no bias in cross-attention).
 _UNUSED = "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"
 _REQUIRED_KEYS = ("vocab_size", "d_model", "d_ff", "d_kv", "num_heads", "num_layers")
+SAFETENSORS, FLAX = "safetensors", "flax"  # the two weight flavours
+FLAX_FILE = "flax_model.msgpack"
+Shapes = dict[str, tuple[int, ...]]
 
-Transform = Callable[[np.ndarray], np.ndarray]
-Path_ = tuple[Any, ...]  # a path in our parameter tree, e.g. ("encoder", "layers", 0, "mlp", "wo")
-TensorMap = dict[str, tuple[tuple[int, ...], Path_, Transform]]  # HF name -> (HF shape, path, HF -> ours)
 
-
-def load_hf_t5(path: str | os.PathLike, *, dtype: str = "float32") -> tuple[T5, ModelConfig]:
+def load_hf_t5(
+    path: str | os.PathLike, *, dtype: str = "float32", mesh: Mesh | None = None
+) -> tuple[T5, ModelConfig]:
     """Load the HF T5 checkpoint directory ``path`` as ``(model, config)``.
 
     Parameters keep the stored dtype (float32 / bfloat16 / float16; float32 when the tensors
-    disagree or are wider); ``dtype`` is the activation dtype. Raises ``FileNotFoundError`` for
-    a missing directory / file, ``ValueError`` for anything that does not map (listing every
-    missing, unexpected and mis-shaped tensor at once).
+    disagree or are wider); ``dtype`` is the activation dtype. With ``mesh`` every parameter is
+    created sharded by the rule table. Raises ``FileNotFoundError`` for a missing directory /
+    file, ``ValueError`` for anything that does not map (listing every missing, unexpected and
+    mis-shaped tensor at once).
     """
     directory = Path(path)
     hf = _read_config(directory)
-    with contextlib.ExitStack() as stack:
-        handles = {}  # tensor name -> open safetensors file
-        for file in _safetensors_files(directory):
-            f = stack.enter_context(safe_open(str(file), framework="numpy"))
-            for name in f.keys():
-                handles[name] = f
-        shapes = {n: tuple(f.get_slice(n).get_shape()) for n, f in handles.items()}
-        stored = {f.get_slice(n).get_dtype() for n, f in handles.items()}
-        param_dtype = _DTYPES[stored.pop()] if len(stored) == 1 and stored <= set(_DTYPES) else "float32"
+    with _open_weights(directory) as (flavour, shapes, dtypes, reader):
+        stored = set(dtypes.values())
+        param_dtype = stored.pop() if len(stored) == 1 and stored <= set(_DTYPES.values()) else "float32"
         config = _model_config(hf, dtype=dtype, param_dtype=param_dtype, tie_word_embeddings=False)
-        tensors = tensor_map(config)
-        _check_tensors(tensors, shapes, config)
-
-        def read(name: str) -> np.ndarray:
-            return handles[name].get_tensor(name).astype(jnp.dtype(param_dtype), copy=False)
-
-        shared = read("shared.weight")
+        tensors = tensor_map(config, flavour)
+        optional = (*_ALIASES, _UNUSED) if flavour == SAFETENSORS else ()
+        head_name = "lm_head.weight" if flavour == SAFETENSORS else "lm_head.kernel"
+        layout.check(
+            tensors | {head_name: _head(config, flavour)},
+            shapes,
+            f"HF T5 checkpoint {directory} does not match its config.json ({_describe(config)})",
+            optional=(*optional, head_name),
+        )
+        shared_name = "shared.weight" if flavour == SAFETENSORS else "shared.embedding"
+        shared = reader(shared_name, ())
         for alias in _ALIASES:
-            if alias in shapes and not np.array_equal(read(alias), shared):
+            if alias in shapes and not np.array_equal(reader(alias, ()), shared):
                 raise ValueError(f"{directory}: {alias} differs from shared.weight; T5 ties them.")
-        head = read("lm_head.weight") if "lm_head.weight" in shapes else None
+        head = reader(head_name, ()) if head_name in shapes else None
+        # torch's lm_head is [V, D] like shared; Flax's kernel is [D, V]
+        if head is not None and flavour == FLAX:
+            head = head.T
         separate_head = head is not None and not np.array_equal(head, shared)
+        del shared, head
         scale = (
             hf["scale_decoder_outputs"]
             if "scale_decoder_outputs" in hf
@@ -92,15 +105,65 @@ def load_hf_t5(path: str | os.PathLike, *, dtype: str = "float32") -> tuple[T5, 
                 "only with tied embeddings, so this checkpoint is not representable."
             )
         config = config.replace(tie_word_embeddings=bool(scale))
+        extra = {}
+        if not config.tie_word_embeddings:  # lm_head [D, V]: its own tensor, or a copy of shared
+            if separate_head:
+                extra[("lm_head",)] = (_head(config, flavour), head_name)
+            else:
+                V, D = config.vocab_size, config.d_model
+                extra[("lm_head",)] = (Tensor(("lm_head",), (D, V), ((1,), (0,))), shared_name)
+        params = layout.materialize(tensors, reader, config, mesh=mesh, extra=extra)
+        return model_lib.build(config, params), config
 
-        # One tensor at a time onto the device, so the host holds at most one extra copy.
-        params: dict[Path_, jax.Array] = {("shared", "embedding"): jnp.asarray(shared)}
-        for name, (_, target, transform) in tensors.items():
-            if name != "shared.weight":
-                params[target] = jnp.asarray(transform(read(name)))
-        if not config.tie_word_embeddings:
-            params[("lm_head",)] = jnp.asarray((head if separate_head else shared).T)  # [D, V], a copy
-        return model_lib.build(config, traversals.unflatten_mapping(params)), config
+
+def weights_flavour(directory: str | os.PathLike) -> str | None:
+    """``"safetensors"`` or ``"flax"``: which weights ``load_hf_t5`` would read, None if neither."""
+    directory = Path(directory)
+    if (directory / "model.safetensors.index.json").is_file() or (directory / "model.safetensors").is_file():
+        return SAFETENSORS
+    return FLAX if (directory / FLAX_FILE).is_file() else None
+
+
+def _head(config: ModelConfig, flavour: str) -> Tensor:
+    """A separate lm_head: torch ``[V, D]``, Flax ``[D, V]``; ours ``[D, V]``."""
+    D, V = config.d_model, config.vocab_size
+    return Tensor(("lm_head",), (D, V), ((1,), (0,)) if flavour == SAFETENSORS else ((0,), (1,)))
+
+
+def _describe(c: ModelConfig) -> str:
+    return (
+        f"vocab_size={c.vocab_size}, d_model={c.d_model}, d_ff={c.d_ff}, num_heads={c.num_heads}, "
+        f"d_kv={c.head_dim}, layers={c.num_encoder_layers}/{c.num_decoder_layers}, "
+        f"feed_forward_proj={c.mlp_activation!r}"
+    )
+
+
+@contextlib.contextmanager
+def _open_weights(directory: Path) -> Iterator[tuple[str, Shapes, dict[str, str], layout.Reader]]:
+    """``(flavour, shapes, dtypes, reader)`` of ``directory``'s weights, open while in use."""
+    flavour = weights_flavour(directory)
+    if flavour == FLAX:
+        tree = serialization.msgpack_restore((directory / FLAX_FILE).read_bytes())
+        if set(tree) == {"params"}:  # some writers keep Flax's top-level collection
+            tree = tree["params"]
+        arrays = {".".join(map(str, k)): np.asarray(v) for k, v in traversals.flatten_mapping(tree).items()}
+        dtypes = {n: a.dtype.name for n, a in arrays.items()}
+        yield FLAX, {n: a.shape for n, a in arrays.items()}, dtypes, lambda name, index: arrays[name][index]
+        return
+    with contextlib.ExitStack() as stack:
+        handles = {}  # tensor name -> open safetensors file
+        for file in _safetensors_files(directory):
+            f = stack.enter_context(safe_open(str(file), framework="numpy"))
+            for name in f.keys():
+                handles[name] = f
+        slices = {n: f.get_slice(n) for n, f in handles.items()}
+        shapes = {n: tuple(s.get_shape()) for n, s in slices.items()}
+        dtypes = {n: _DTYPES.get(s.get_dtype(), s.get_dtype()) for n, s in slices.items()}
+
+        def reader(name: str, index: layout.Index) -> np.ndarray:
+            return slices[name][index] if index else handles[name].get_tensor(name)
+
+        yield SAFETENSORS, shapes, dtypes, reader
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
@@ -130,7 +193,9 @@ def _safetensors_files(directory: Path) -> list[Path]:
             "runs arbitrary code. Convert them to safetensors first, e.g. in Python with transformers: "
             "T5ForConditionalGeneration.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)."
         )
-    raise FileNotFoundError(f"{directory} has neither model.safetensors nor model.safetensors.index.json.")
+    raise FileNotFoundError(
+        f"{directory} has no weights: no model.safetensors, model.safetensors.index.json or {FLAX_FILE}."
+    )
 
 
 def _model_config(hf: dict[str, Any], **fields: Any) -> ModelConfig:
@@ -164,29 +229,25 @@ def _model_config(hf: dict[str, Any], **fields: Any) -> ModelConfig:
     )
 
 
-def tensor_map(c: ModelConfig) -> TensorMap:
-    """Every required HF tensor: ``name -> (HF shape, our parameter path, HF -> ours)``."""
+def tensor_map(c: ModelConfig, flavour: str = SAFETENSORS) -> dict[str, Tensor]:
+    """Every required HF tensor of ``flavour`` (``"safetensors"``: torch names and ``[out, in]``
+    weights; ``"flax"``: Flax names and ``[in, out]`` kernels), name -> where it goes in ours.
+    The lm_head is not in it: whether there is one depends on the weights (see ``load_hf_t5``)."""
     D, F, N, H, V = c.d_model, c.d_ff, c.num_heads, c.head_dim, c.vocab_size
+    torch = flavour == SAFETENSORS
 
-    def same(w: np.ndarray) -> np.ndarray:
-        return w
+    def name(module: str, leaf: str) -> str:  # leaf: "kernel" (a projection), "embedding" or "weight"
+        return f"{module}.{'weight' if torch else leaf}"
 
-    def transpose(w: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(w.T)
+    def kernel(path: tuple[Any, ...], shape: tuple[int, ...], axes: tuple[tuple[int, ...], ...]) -> Tensor:
+        return Tensor(path, shape, axes[::-1] if torch else axes)  # torch Linear weights are [out, in]
 
-    def qkv(w: np.ndarray) -> np.ndarray:  # [N*H, D] -> [D, N, H]
-        return np.ascontiguousarray(w.T).reshape(D, N, H)
-
-    def out(w: np.ndarray) -> np.ndarray:  # [D, N*H] -> [N, H, D]
-        return np.ascontiguousarray(w.T).reshape(N, H, D)
-
-    projections = (("q", "query", (N * H, D), qkv), ("k", "key", (N * H, D), qkv))
-    projections += (("v", "value", (N * H, D), qkv), ("o", "out", (D, N * H), out))
-    m: TensorMap = {"shared.weight": ((V, D), ("shared", "embedding"), same)}
+    m = {name("shared", "embedding"): layout.same(("shared", "embedding"), (V, D))}
     for stack, layers in (("encoder", c.num_encoder_layers), ("decoder", c.num_decoder_layers)):
-        bias = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
-        m[bias] = ((c.relative_attention_num_buckets, N), (stack, "relpos", "embedding"), same)
-        m[f"{stack}.final_layer_norm.weight"] = ((D,), (stack, "final_norm", "scale"), same)
+        bias = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias"
+        buckets = c.relative_attention_num_buckets
+        m[name(bias, "embedding")] = layout.same((stack, "relpos", "embedding"), (buckets, N))
+        m[f"{stack}.final_layer_norm.weight"] = layout.same((stack, "final_norm", "scale"), (D,))
         # HF sub-layers in order: (HF module, our attention, our norm); the MLP comes last.
         if stack == "encoder":
             attentions = [("SelfAttention", "attn", "attn_norm")]
@@ -198,39 +259,17 @@ def tensor_map(c: ModelConfig) -> TensorMap:
         for i in range(layers):
             hf, ours = f"{stack}.block.{i}.layer", (stack, "layers", i)
             for j, (module, attn, norm) in enumerate(attentions):
-                for p, q, shape, fn in projections:
-                    m[f"{hf}.{j}.{module}.{p}.weight"] = (shape, (*ours, attn, q), fn)
-                m[f"{hf}.{j}.layer_norm.weight"] = ((D,), (*ours, norm, "scale"), same)
+                at = f"{hf}.{j}.{module}"
+                for p, q in (("q", "query"), ("k", "key"), ("v", "value")):  # [D, N*H] -> [D, N, H]
+                    m[name(f"{at}.{p}", "kernel")] = kernel((*ours, attn, q), (D, N, H), ((0,), (1, 2)))
+                m[name(f"{at}.o", "kernel")] = kernel((*ours, attn, "out"), (N, H, D), ((0, 1), (2,)))
+                m[f"{hf}.{j}.layer_norm.weight"] = layout.same((*ours, norm, "scale"), (D,))
             j = len(attentions)
             # HF's relu MLP has one input matrix `wi`; ours calls it wi_0.
             inputs = ("wi_0", "wi_1") if c.mlp_activation == "gated-gelu" else ("wi",)
+            mlp = f"{hf}.{j}.DenseReluDense"
             for k, wi in enumerate(inputs):
-                m[f"{hf}.{j}.DenseReluDense.{wi}.weight"] = ((F, D), (*ours, "mlp", f"wi_{k}"), transpose)
-            m[f"{hf}.{j}.DenseReluDense.wo.weight"] = ((D, F), (*ours, "mlp", "wo"), transpose)
-            m[f"{hf}.{j}.layer_norm.weight"] = ((D,), (*ours, "mlp_norm", "scale"), same)
+                m[name(f"{mlp}.{wi}", "kernel")] = kernel((*ours, "mlp", f"wi_{k}"), (D, F), ((0,), (1,)))
+            m[name(f"{mlp}.wo", "kernel")] = kernel((*ours, "mlp", "wo"), (F, D), ((0,), (1,)))
+            m[f"{hf}.{j}.layer_norm.weight"] = layout.same((*ours, "mlp_norm", "scale"), (D,))
     return m
-
-
-def _check_tensors(tensors: TensorMap, shapes: dict[str, tuple[int, ...]], c: ModelConfig) -> None:
-    """Raise one ValueError naming every missing, unexpected and mis-shaped tensor."""
-    V, D = c.vocab_size, c.d_model
-    optional = {"lm_head.weight": (V, D), **dict.fromkeys(_ALIASES, (V, D)), _UNUSED: None}
-    expected = {name: shape for name, (shape, _, _) in tensors.items()} | optional
-    missing = sorted(set(tensors) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected))
-    misshaped = [
-        f"{n}: expected {expected[n]}, found {shapes[n]}"
-        for n in sorted(set(shapes) & set(expected))
-        if expected[n] is not None and shapes[n] != expected[n]
-    ]
-    problems = [
-        f"{title} ({len(items)}): {items}"
-        for title, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
-        if items
-    ]
-    if problems:
-        raise ValueError(
-            f"HF T5 checkpoint does not match its config.json (vocab_size={V}, d_model={D}, d_ff={c.d_ff}, "
-            f"num_heads={c.num_heads}, d_kv={c.head_dim}, layers={c.num_encoder_layers}/"
-            f"{c.num_decoder_layers}, feed_forward_proj={c.mlp_activation!r}):\n" + "\n".join(problems)
-        )

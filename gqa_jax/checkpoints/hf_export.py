@@ -1,11 +1,11 @@
 """Export our (MHA) ``T5`` to a HuggingFace ``transformers.T5ForConditionalGeneration``.
 
 The import table of ``checkpoints/hf.py`` (:func:`gqa_jax.checkpoints.hf.tensor_map`) read
-backwards: ours ``[D, N, H]`` -> HF ``[N*H, D]``, ``[N, H, D]`` -> ``[D, N*H]``, ``[D, F]`` ->
-``[F, D]`` (torch ``Linear`` weights are ``[out, in]``); embeddings, the relative position tables
-and the norms as they are. HF T5 has no K/V-head option and scales the decoder output only with
-tied embeddings, so only an MHA model with an untied ``lm_head`` (T5.1.1) is exported.
-``torch`` and ``transformers`` are imported on call.
+backwards (``Tensor.to_stored``): ours ``[D, N, H]`` -> HF ``[N*H, D]``, ``[N, H, D]`` ->
+``[D, N*H]``, ``[D, F]`` -> ``[F, D]`` (torch ``Linear`` weights are ``[out, in]``); embeddings,
+the relative position tables and the norms as they are. HF T5 has no K/V-head option and
+scales the decoder output only with tied embeddings, so only an MHA model with an untied
+``lm_head`` (T5.1.1) is exported. ``torch`` and ``transformers`` are imported on call.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from gqa_jax import model as model_lib
 from gqa_jax.checkpoints.hf import tensor_map
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
-
-_AS_STORED = ("embedding", "scale")  # last path names of the tensors HF stores as we do
 
 
 def to_hf(model: T5, config: ModelConfig, device: str = "cpu", dtype: str = "float32"):
@@ -61,11 +59,8 @@ def to_hf(model: T5, config: ModelConfig, device: str = "cpu", dtype: str = "flo
         setattr(hf.get_submodule(module_name), leaf, param)
         return param
 
-    for name, (shape, path, _) in tensor_map(config).items():
-        w = np.asarray(flat[path])
-        if path[-1] not in _AS_STORED:  # a projection: ours [in, (heads,) out], HF [out, in]
-            w = w.reshape(shape[::-1]).T
-        assign(name, w)
+    for name, tensor in tensor_map(config).items():
+        assign(name, tensor.to_stored(np.asarray(flat[tensor.path])))
     shared = hf.shared.weight
     hf.encoder.embed_tokens.weight = shared  # HF ties these to `shared` at init (not on meta)
     hf.decoder.embed_tokens.weight = shared

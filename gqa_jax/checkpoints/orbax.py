@@ -27,8 +27,10 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.sharding import Mesh
 
 from gqa_jax import model as model_lib
+from gqa_jax import sharding
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
 
@@ -89,8 +91,9 @@ def save(
     return path
 
 
-def load(path: str | os.PathLike) -> tuple[T5, ModelConfig]:
-    """Rebuild ``(model, config)`` from a directory written by :func:`save`."""
+def load(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, ModelConfig]:
+    """Rebuild ``(model, config)`` from a directory written by :func:`save`; with ``mesh`` each
+    parameter is restored straight into its rule-table sharding (orbax reads each device's slice)."""
     path = Path(path).expanduser().absolute()
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: the path does not exist")
@@ -112,6 +115,11 @@ def load(path: str | os.PathLike) -> tuple[T5, ModelConfig]:
         raise ValueError(f"{path / CONFIG}: invalid model config: {e}") from e
 
     target = nnx.to_pure_dict(nnx.state(model_lib.abstract(config), nnx.Param))  # ShapeDtypeStructs
+    if mesh is not None:
+        shardings = sharding.param_shardings(target, mesh)[0]
+        target = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), target, shardings
+        )
     with ocp.StandardCheckpointer() as checkpointer:
         try:
             stored = checkpointer.metadata(path / PARAMS).item_metadata.tree

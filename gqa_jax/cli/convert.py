@@ -15,7 +15,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     from gqa_jax.config import ATTENTION_KINDS
     from gqa_jax.convert import DEFAULT_ATTENTIONS, METHODS
 
-    p.add_argument("--src", help="source: a gqa_jax checkpoint or a HuggingFace T5 directory (safetensors)")
+    p.add_argument(
+        "--src",
+        help="source: a gqa_jax checkpoint, a HuggingFace T5 directory (safetensors or flax_model.msgpack) "
+        "or a T5X checkpoint_N directory",
+    )
     p.add_argument("--dst", help="destination gqa_jax checkpoint (gets manifest.json too)")
     p.add_argument(
         "--num-kv-heads",

@@ -12,7 +12,9 @@ HELP = "score a checkpoint on a task's split (greedy decoding, the task's metric
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True, help="the run directory (results.json, decodes.jsonl)")
     p.add_argument(
-        "--model", required=True, help="a gqa_jax checkpoint (e.g. RUN/best_model) or HF T5 directory"
+        "--model",
+        required=True,
+        help="a gqa_jax checkpoint (e.g. RUN/best_model), HF T5 directory or T5X checkpoint_N",
     )
     p.add_argument("--task", required=True, help="a task name (python -m gqa_jax data tasks)")
     p.add_argument("--split", default="validation", help="the split (default: %(default)s, as the paper)")

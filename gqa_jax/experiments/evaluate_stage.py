@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gqa_jax import convert, metrics, training
+from gqa_jax import checkpoints, metrics, training
 from gqa_jax.data import tasks as tasks_lib
 
 RESULTS = "results.json"
@@ -46,7 +46,7 @@ def evaluate_checkpoint(
         raise ValueError(f"--examples must be >= 1, got {examples}")
     data_dir = data_dir or tasks_lib.default_data_dir()
     voc = training.load_vocab(vocab, task, data_dir)
-    model, _, kind = convert.load_source(model_path)  # ours or a HuggingFace T5 directory
+    model, _, kind = checkpoints.load_any(model_path)  # ours, HuggingFace or T5X
     t0 = time.time()
     scores, decodes = training.evaluate(
         model, task, voc, split=split, num_examples=examples, batch_size=batch_size, data_dir=data_dir,

@@ -144,7 +144,7 @@ def init_model(config: Any, vocab: Any, workdir: Any) -> tuple[Any, OptimizerCon
         return _model_config(config, vocab), OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps), info
     if config.recipe == "uptrain":
         up = config.uptrain
-        source, source_cfg, kind = convert.load_source(up.source)
+        source, source_cfg, kind = checkpoints.load_any(up.source)
         attentions = tuple(up.attentions) if up.attentions else convert.DEFAULT_ATTENTIONS
         params, cfg, manifest = convert.to_grouped(
             source, source_cfg, up.num_kv_heads, up.method, attentions=attentions, seed=config.seed
@@ -159,7 +159,7 @@ def init_model(config: Any, vocab: Any, workdir: Any) -> tuple[Any, OptimizerCon
         return model, OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps, offset=int(offset)), info
     # finetune
     if config.init_from:
-        source, source_cfg, kind = convert.load_source(config.init_from)
+        source, source_cfg, kind = checkpoints.load_any(config.init_from)
         cfg = source_cfg.replace(dropout_rate=config.model.dropout_rate)
         model = model_lib.build(cfg, source)
         info |= {"init_from": str(config.init_from), "source_kind": kind}

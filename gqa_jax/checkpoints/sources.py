@@ -1,0 +1,65 @@
+"""Any starting checkpoint, recognized by its files: ours, HuggingFace (safetensors or Flax), T5X.
+
+``load_any`` is what ``convert --src``, uptraining's ``source=`` and fine-tuning's ``init=``
+call, so every one of them accepts the same checkpoints and records which kind it found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jax.sharding import Mesh
+
+from gqa_jax.checkpoints import hf, orbax, t5x
+from gqa_jax.config import ModelConfig
+from gqa_jax.model import T5
+
+KINDS = ("gqa_jax", "huggingface", "huggingface_flax", t5x.LEGACY, t5x.ORBAX)
+_DESCRIPTIONS = (
+    "a gqa_jax checkpoint (checkpoint.json)",
+    "a HuggingFace T5 directory (config.json with d_kv, and model.safetensors[.index.json] or "
+    f"{hf.FLAX_FILE})",
+    "a T5X checkpoint_N directory (a `checkpoint` msgpack file, or an orbax `state/` directory)",
+)
+
+
+def kind_of(path: str | os.PathLike) -> str | None:
+    """Which of ``KINDS`` the directory ``path`` holds, None if none."""
+    path = Path(path)
+    if (path / orbax.MARKER).is_file():
+        return "gqa_jax"
+    if _is_hf_config(path / "config.json"):
+        flavour = hf.weights_flavour(path)
+        if flavour is not None:
+            return "huggingface" if flavour == hf.SAFETENSORS else "huggingface_flax"
+    return t5x.layout_of(path)
+
+
+def load_any(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, ModelConfig, str]:
+    """Load ``path`` as ``(model, config, kind)``, ``kind`` one of ``KINDS``; with ``mesh`` the
+    parameters are created sharded (each device reading its block where the format allows)."""
+    path = Path(path).expanduser().absolute()
+    if not path.exists():
+        raise FileNotFoundError(f"source {path} does not exist")
+    kind = kind_of(path)
+    if kind == "gqa_jax":
+        model, config = orbax.load(path, mesh=mesh)
+    elif kind in ("huggingface", "huggingface_flax"):
+        model, config = hf.load_hf_t5(path, mesh=mesh)
+    elif kind in (t5x.LEGACY, t5x.ORBAX):
+        model, config = t5x.load_t5x(path, mesh=mesh)
+    else:
+        raise ValueError(f"source {path} is not a checkpoint: expected " + "; or ".join(_DESCRIPTIONS))
+    return model, config, kind
+
+
+def _is_hf_config(config: Path) -> bool:
+    if not config.is_file():
+        return False
+    try:
+        fields = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(fields, dict) and "d_kv" in fields

@@ -1,0 +1,91 @@
+"""Run with 8 simulated CPU devices (by tests/test_checkpoints_sharded.py): every checkpoint
+format loaded with ``mesh=2x4`` against its one-device load. Prints one JSON line per (format, K)."""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax.nnx import traversals
+from safetensors.numpy import save_file
+from t5x_files import t5x_from_ours, write_legacy, write_orbax
+
+from gqa_jax import checkpoints, sharding
+from gqa_jax.checkpoints import hf, layout
+from gqa_jax.config import preset
+from gqa_jax.model import build, dotted, flat_params
+
+
+def write_hf(directory: Path, model) -> Path:
+    """Our MHA model as a HF T5.1.1 safetensors directory (through the importer's own table)."""
+    c = model.config
+    flat = flat_params(model)
+    tensors = {name: t.to_stored(np.asarray(flat[t.path])) for name, t in hf.tensor_map(c).items()}
+    tensors["lm_head.weight"] = np.ascontiguousarray(np.asarray(flat[("lm_head",)]).T)
+    directory.mkdir()
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    fields = {"model_type": "t5", "vocab_size": c.vocab_size, "d_model": c.d_model, "d_ff": c.d_ff,
+              "d_kv": c.head_dim, "num_heads": c.num_heads, "num_layers": c.num_encoder_layers,
+              "num_decoder_layers": c.num_decoder_layers, "feed_forward_proj": c.mlp_activation,
+              "relative_attention_num_buckets": c.relative_attention_num_buckets,
+              "relative_attention_max_distance": c.relative_attention_max_distance,
+              "tie_word_embeddings": False}  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(fields))
+    return directory
+
+
+def main(root: Path) -> None:
+    assert jax.device_count() == 8, jax.devices()
+    mesh = sharding.make_mesh("2x4")
+    reads: dict[str, int] = {}  # parameter -> the largest block (elements) any one read returned
+    plain_read = layout.read
+
+    def recording_read(tensor, read_stored, index=None):
+        block = plain_read(tensor, read_stored, index)
+        name = dotted(tensor.path)
+        reads[name] = max(reads.get(name, 0), block.size)
+        return block
+
+    layout.read = recording_read
+    for k in (8, 1):
+        config = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k, relative_attention_max_distance=128)
+        source = build(config, seed=1)
+        paths = {
+            "gqa_jax": checkpoints.save(source, root / f"ours_{k}"),
+            "t5x": write_legacy(root / f"t5x_{k}", t5x_from_ours(source)),
+            "t5x_orbax": write_orbax(root / f"t5x_orbax_{k}", t5x_from_ours(source)),
+        }
+        if k == config.num_heads:  # HF T5 is MHA only
+            paths["huggingface"] = write_hf(root / f"hf_{k}", source)
+        for kind, path in paths.items():
+            with jax.default_device(jax.devices()[0]):
+                one = flat_params(checkpoints.load_any(path)[0])
+            reads.clear()
+            model, _, found = checkpoints.load_any(path, mesh=mesh)
+            got = flat_params(model)
+            expected = flat_params(sharding.param_shardings(traversals.unflatten_mapping(one), mesh)[0])
+            row = {"kind": kind, "found": found, "k": k, "params": len(got), "sharded": 0}
+            row |= {"unequal": [], "wrong_sharding": [], "full_reads": []}
+            for path_, want in one.items():
+                name, x = dotted(path_), got[path_]
+                if not np.array_equal(np.asarray(x), np.asarray(want)):
+                    row["unequal"].append(name)
+                spec = expected[path_].spec
+                if x.sharding.spec != spec:
+                    row["wrong_sharding"].append(f"{name}: {x.sharding.spec} != {spec}")
+                shard_size = int(np.prod(x.sharding.shard_shape(x.shape)))
+                if shard_size < x.size:  # a sharded parameter: no device holds it whole
+                    row["sharded"] += 1
+                    if any(s.data.size != shard_size for s in x.addressable_shards):
+                        row["wrong_sharding"].append(f"{name}: a device holds more than its shard")
+                    if reads.get(name, 0) > shard_size:
+                        row["full_reads"].append(f"{name}: read {reads[name]} of {x.size}")
+            row["blocks_read"] = len(reads)
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp))

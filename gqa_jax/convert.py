@@ -47,8 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx import traversals
+from jax.sharding import NamedSharding
 
-from gqa_jax import __version__, checkpoints
+from gqa_jax import __version__, checkpoints, paths, sharding
 from gqa_jax.config import ATTENTION_KINDS, ModelConfig
 from gqa_jax.layers import fan_in_init
 from gqa_jax.model import T5, FlatParams, Path_, build, check_params, dotted, flat_params
@@ -116,7 +117,7 @@ def to_grouped(
             new = w32[:, :, 0, :]  # [D, K', H]: source head j * G'
         else:
             new = np.asarray(fan_in_init(D)(_path_key(seed, path), (D, K2, H), jnp.float32))
-        params[path] = jnp.asarray(new.astype(w.dtype))
+        params[path] = _place_like(value, path, new.astype(w.dtype))
 
     manifest = {
         "method": method,
@@ -215,8 +216,8 @@ def convert_checkpoint(
     then only a gqa_jax checkpoint is replaced). The destination appears complete or not at all.
     Returns ``(dst, manifest)``.
     """
-    src_path = Path(src).expanduser().resolve()
-    dst_path = Path(dst).expanduser().resolve()
+    src_path = paths.local(src, "source").resolve()
+    dst_path = paths.local(dst, "destination").resolve()
     if src_path == dst_path or src_path in dst_path.parents or dst_path in src_path.parents:
         raise ValueError(
             f"destination {dst_path} and source {src_path} overlap; the source is never written "
@@ -292,6 +293,17 @@ def check_conversion(dst: str | os.PathLike) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- helpers
+def _place_like(source: Any, path: Path_, new: np.ndarray) -> jax.Array:
+    """``new`` where a parameter at ``path`` belongs: sharded by the rule table when ``source``
+    (the parameter it replaces) lives on a mesh of several devices, so that no device receives
+    the whole of a sharded parameter; else on the default device."""
+    placed = getattr(source, "sharding", None)
+    if isinstance(placed, NamedSharding) and placed.mesh.devices.size > 1:
+        spec = sharding.spec(sharding.logical_axes(path, new.ndim), new.shape, placed.mesh)
+        return jax.device_put(new, NamedSharding(placed.mesh, spec))
+    return jnp.asarray(new)
+
+
 def _normalize_attentions(attentions: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     if isinstance(attentions, str):
         attentions = (attentions,)

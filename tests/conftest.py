@@ -100,7 +100,7 @@ FIRST = (
         "test_sharding.py::test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh",
         "test_multihost.py",
     ),
-    ("test_runner.py", "test_training.py", "test_plan.py"),
+    ("test_runner.py", "test_training.py", "test_checkpoints_sharded.py", "test_plan.py"),
 )
 
 

@@ -1,5 +1,7 @@
 """Run with 8 simulated CPU devices (by tests/test_checkpoints_sharded.py): every checkpoint
-format loaded with ``mesh=2x4`` against its one-device load. Prints one JSON line per (format, K)."""
+format loaded with ``mesh=2x4`` against its one-device load, one JSON line per (format, K); with
+``--train VOCAB``, uptraining and fine-tuning from a T5X checkpoint on 2x4 against one device,
+one JSON line per recipe."""
 
 import json
 import sys
@@ -8,14 +10,17 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import tensorflow_datasets as tfds
 from flax.nnx import traversals
 from safetensors.numpy import save_file
 from t5x_files import t5x_from_ours, write_legacy, write_orbax
 
-from gqa_jax import checkpoints, sharding
+from gqa_jax import checkpoints, run_config, sharding, training
 from gqa_jax.checkpoints import hf, layout
 from gqa_jax.config import preset
 from gqa_jax.model import build, dotted, flat_params
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_hf(directory: Path, model) -> Path:
@@ -63,7 +68,7 @@ def main(root: Path) -> None:
             with jax.default_device(jax.devices()[0]):
                 one = flat_params(checkpoints.load_any(path)[0])
             reads.clear()
-            model, _, found = checkpoints.load_any(path, mesh=mesh)
+            model, _, found = checkpoints.load_any(path, mesh=mesh)  # sharded
             got = flat_params(model)
             expected = flat_params(sharding.param_shardings(traversals.unflatten_mapping(one), mesh)[0])
             row = {"kind": kind, "found": found, "k": k, "params": len(got), "sharded": 0}
@@ -83,9 +88,50 @@ def main(root: Path) -> None:
                     if reads.get(name, 0) > shard_size:
                         row["full_reads"].append(f"{name}: read {reads[name]} of {x.size}")
             row["blocks_read"] = len(reads)
+            if kind == "t5x":  # the optimizer state around a loaded model is created sharded
+                opt = training.make_optimizer(training.OptimizerConfig("rsqrt", warmup_steps=10))
+                state, shardings, _, _ = training.create_state(model, opt, mesh, seed=0)
+                leaves = list(
+                    zip(jax.tree.leaves(state.opt_state), jax.tree.leaves(shardings.opt_state), strict=True)
+                )
+                row["opt_wrong"] = sum(not x.sharding.is_equivalent_to(s, x.ndim) for x, s in leaves)
+                row["opt_sharded"] = sum(x.addressable_shards[0].data.size < x.size for x, _ in leaves)
             print(json.dumps(row), flush=True)
+
+
+def train_from_a_checkpoint(root: Path, vocab: str) -> None:
+    """Two steps of uptraining (MHA -> GQA-2 by mean) and of fine-tuning, each started from the
+    same T5X checkpoint on one device and on a 2x4 mesh; the final parameters must agree."""
+    config = preset("tiny", num_heads=8, head_dim=4, relative_attention_max_distance=128)
+    source = write_legacy(root / "t5x", t5x_from_ours(build(config.replace(vocab_size=512), seed=1)))
+    common = [f"--config.vocab={vocab}", f"--config.data_dir={root / 'data'}", "--config.batch_size=8",
+              "--config.input_length=32", "--config.target_length=8", "--config.log_every=1",
+              "--config.progress=False", "--config.eval_every=-1"]  # fmt: skip
+    # uptraining continues the source's rsqrt schedule: at step 10000, a learning rate of 0.01
+    uptrain = ["--config.task=c4_span", f"--config.uptrain.source={source}",
+               "--config.uptrain.num_kv_heads=2", "--config.uptrain.alpha=0.0002",
+               "--config.uptrain.original_steps=10000"]  # fmt: skip
+    finetune = ["--config.num_train_steps=2", "--config.model.dropout_rate=0.0"]
+    recipes = {
+        "uptrain": (f"{REPO}/configs/uptrain.py", uptrain),
+        "finetune": (f"{REPO}/configs/finetune.py:task=cnn_dailymail,init={source}", finetune),
+    }
+    for recipe, (file, overrides) in recipes.items():
+        finals = {}
+        for mesh in ("1x1", "2x4"):
+            cfg = run_config.load(file, [*common, *overrides, f"--config.mesh={mesh}"])
+            with tfds.testing.mock_data(num_examples=32):
+                summary = training.train(cfg, root / f"{recipe}_{mesh}")
+            finals[mesh] = flat_params(checkpoints.load(root / f"{recipe}_{mesh}" / "model")[0])
+        one, sharded = finals["1x1"], finals["2x4"]
+        diff = max(float(np.max(np.abs(np.asarray(one[p]) - np.asarray(v)))) for p, v in sharded.items())
+        row = {"recipe": recipe, "steps": summary["final_step"], "kind": summary.get("source_kind")}
+        print(json.dumps(row | {"max_param_diff": diff}), flush=True)
 
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
-        main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp))
+        if sys.argv[1:2] == ["--train"]:
+            train_from_a_checkpoint(Path(tmp), sys.argv[2])
+        else:
+            main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp))

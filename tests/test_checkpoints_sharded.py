@@ -1,6 +1,7 @@
 """Sharded loading: every checkpoint format restored with ``mesh=2x4`` on 8 simulated devices
 equals its one-device load, with each parameter in its rule-table sharding, and no read (nor any
-device) ever holding more of a sharded parameter than one device's block."""
+device) ever holding more of a sharded parameter than one device's block; uptraining and
+fine-tuning from a checkpoint on 2x4 end where one device's runs end."""
 
 import json
 import subprocess
@@ -30,3 +31,20 @@ def test_every_format_loads_straight_into_its_shardings(tmp_path):
         assert r["sharded"] == (40 if r["k"] == 8 else 32), r
         assert not r["full_reads"], r  # every block read was one device's share, never the whole
         assert r["blocks_read"] == (0 if r["kind"] == "gqa_jax" else 52), r  # ours: orbax reads
+        if r["kind"] == "t5x":  # Adafactor's state around the loaded model: created sharded
+            assert r["opt_wrong"] == 0 and r["opt_sharded"] > 0, r
+
+
+def test_uptraining_and_fine_tuning_from_a_checkpoint_on_a_mesh_equal_one_device(small_vocab):
+    out = subprocess.run(
+        [sys.executable, str(HERE / "sharded_loading.py"), "--train", str(small_vocab.path)],
+        env=xla_env.cpu_devices(8), capture_output=True, text=True, timeout=600, cwd=HERE,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {
+        r["recipe"]: r for r in map(json.loads, filter(lambda s: s.startswith("{"), out.stdout.splitlines()))
+    }
+    assert set(rows) == {"uptrain", "finetune"}
+    for r in rows.values():
+        assert r["steps"] == 2 and r["kind"] == "t5x", r
+        assert r["max_param_diff"] <= 1e-5, r

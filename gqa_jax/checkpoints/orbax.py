@@ -30,7 +30,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from gqa_jax import model as model_lib
-from gqa_jax import sharding
+from gqa_jax import paths, sharding
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
 
@@ -52,7 +52,7 @@ def save(
     is complete. ``extra_files`` maps plain file names to text written beside the parameters;
     they land in the same atomic rename as the checkpoint itself.
     """
-    path = Path(path).expanduser().absolute()
+    path = paths.local(path, "checkpoint destination")
     extra_files = dict(extra_files or {})
     for name in extra_files:
         if name in (MARKER, CONFIG, PARAMS) or Path(name).name != name or name in ("", ".", ".."):
@@ -94,7 +94,7 @@ def save(
 def load(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, ModelConfig]:
     """Rebuild ``(model, config)`` from a directory written by :func:`save`; with ``mesh`` each
     parameter is restored straight into its rule-table sharding (orbax reads each device's slice)."""
-    path = Path(path).expanduser().absolute()
+    path = paths.local(path, "checkpoint")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: the path does not exist")
     missing = [name for name in (MARKER, CONFIG, PARAMS) if not (path / name).exists()]

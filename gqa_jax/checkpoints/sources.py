@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jax.sharding import Mesh
 
+from gqa_jax import paths
 from gqa_jax.checkpoints import hf, orbax, t5x
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
@@ -40,7 +41,7 @@ def kind_of(path: str | os.PathLike) -> str | None:
 def load_any(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, ModelConfig, str]:
     """Load ``path`` as ``(model, config, kind)``, ``kind`` one of ``KINDS``; with ``mesh`` the
     parameters are created sharded (each device reading its block where the format allows)."""
-    path = Path(path).expanduser().absolute()
+    path = paths.local(path, "source")
     if not path.exists():
         raise FileNotFoundError(f"source {path} does not exist")
     kind = kind_of(path)

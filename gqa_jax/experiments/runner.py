@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gqa_jax import paths
 from gqa_jax.experiments.paper import REPO
 from gqa_jax.experiments.sweep import STAGES, Run, Sweep, command, order
 
@@ -148,7 +149,7 @@ def run_sweep(
         raise ValueError(f"jobs={jobs!r} must be a positive integer")
     if launcher == "tpu" and jobs != 1:
         raise ValueError("--jobs applies to the local launcher: on a TPU pod each run takes every worker")
-    root = Path(root).expanduser().absolute()
+    root = paths.local(root, "sweep root")
     if root.exists() and not root.is_dir():
         raise ValueError(f"--root {root} is a file, not a directory")
     runs = order(sweep, only)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -23,7 +22,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm
 
-from gqa_jax import checkpoints, convert, distributed, metrics, sharding
+from gqa_jax import checkpoints, convert, distributed, metrics, paths, sharding
 from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig, preset
 from gqa_jax.data import pipeline as pipeline_lib
@@ -135,16 +134,20 @@ def _model_config(config: Any, vocab: Any) -> Any:
     return preset(config.model.preset, **overrides)
 
 
-def init_model(config: Any, vocab: Any, workdir: Any) -> tuple[Any, OptimizerConfig, dict[str, Any]]:
+def init_model(
+    config: Any, vocab: Any, workdir: Any, mesh: Any = None
+) -> tuple[Any, OptimizerConfig, dict[str, Any]]:
     """The starting model (a ``T5``, or its ``ModelConfig`` when it starts from random weights, so
-    a sharded run can create them sharded), the optimizer settings and what was done."""
+    a sharded run can create them sharded), the optimizer settings and what was done. On a
+    ``mesh`` of several devices a starting checkpoint is loaded straight into its shardings."""
+    mesh = mesh if mesh is not None and mesh.devices.size > 1 else None
     info: dict[str, Any] = {"recipe": config.recipe}
     opt = config.optimizer
     if config.recipe == "pretrain":
         return _model_config(config, vocab), OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps), info
     if config.recipe == "uptrain":
         up = config.uptrain
-        source, source_cfg, kind = checkpoints.load_any(up.source)
+        source, source_cfg, kind = checkpoints.load_any(up.source, mesh=mesh)
         attentions = tuple(up.attentions) if up.attentions else convert.DEFAULT_ATTENTIONS
         params, cfg, manifest = convert.to_grouped(
             source, source_cfg, up.num_kv_heads, up.method, attentions=attentions, seed=config.seed
@@ -159,7 +162,7 @@ def init_model(config: Any, vocab: Any, workdir: Any) -> tuple[Any, OptimizerCon
         return model, OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps, offset=int(offset)), info
     # finetune
     if config.init_from:
-        source, source_cfg, kind = checkpoints.load_any(config.init_from)
+        source, source_cfg, kind = checkpoints.load_any(config.init_from, mesh=mesh)
         cfg = source_cfg.replace(dropout_rate=config.model.dropout_rate)
         model = model_lib.build(cfg, source)
         info |= {"init_from": str(config.init_from), "source_kind": kind}
@@ -176,7 +179,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     position, PRNG) and continues exactly as if never stopped.
     """
     check_config(config)
-    workdir = Path(workdir).expanduser().absolute()
+    workdir = paths.local(workdir, "workdir")
     task = tasks_lib.get_task(config.task)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
@@ -186,7 +189,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     is_main = jax.process_index() == 0  # only process 0 writes logs, configs and reports
     mesh = sharding.make_mesh(config.mesh or "1x1")  # one code path: one device is a 1x1 mesh
     workdir.mkdir(parents=True, exist_ok=True)
-    model, opt_cfg, info = init_model(config, vocab, workdir)
+    model, opt_cfg, info = init_model(config, vocab, workdir, mesh)
     model_cfg = model if isinstance(model, ModelConfig) else model.config
     if model_cfg.vocab_size < vocab.vocab_size:
         raise ValueError(

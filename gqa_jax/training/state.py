@@ -96,7 +96,12 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
 
 def init_state(model: T5, optimizer: optax.GradientTransformation, seed: int, step: int = 0) -> TrainState:
     """A fresh state around ``model``'s parameters."""
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return _fresh_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), optimizer, seed, step)
+
+
+def _fresh_state(
+    params: Any, optimizer: optax.GradientTransformation, seed: int, step: int = 0
+) -> TrainState:
     return TrainState(
         step=jnp.asarray(step, jnp.int32),
         params=params,
@@ -151,7 +156,8 @@ def create_state(
     weights from ``seed``). Returns ``(state, its shardings, graphdef, replicated dimensions)``.
 
     A ``ModelConfig`` on a mesh of several devices is initialized under ``jax.jit`` with the
-    state's shardings as ``out_shardings`` (each device computes its own slices). On one device it
+    state's shardings as ``out_shardings`` (each device computes its own slices); so is the
+    optimizer state of a ``T5`` there, whose parameters are placed first (if not already). On one device it
     is initialized eagerly and placed: the jitted initializers round differently (by up to 6e-8),
     and the eager ones give the numbers of every earlier one-device run."""
     if isinstance(model, ModelConfig) and mesh.devices.size > 1:
@@ -164,6 +170,15 @@ def create_state(
         abstract = jax.eval_shape(init)
         shardings = state_shardings(abstract, mesh, rules)
         state = jax.jit(init, out_shardings=shardings)()
+    elif mesh.devices.size > 1:  # a loaded model (e.g. checkpoints.load_any(mesh=...))
+        graphdef, params = split_model(model)
+        params = jax.device_put(params, sharding.param_shardings(params, mesh, rules)[0])  # no-op if placed
+
+        def init_from(params: Any) -> TrainState:
+            return _fresh_state(params, optimizer, seed)
+
+        shardings = state_shardings(jax.eval_shape(init_from, params), mesh, rules)
+        state = jax.jit(init_from, out_shardings=shardings)(params)  # Adafactor's state born sharded
     else:
         if isinstance(model, ModelConfig):
             model = model_lib.build(model, seed=seed)

@@ -24,7 +24,9 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       d_model, d_ff, num_encoder_layers, num_decoder_layers, num_heads, head_dim
                       (int: a new shape, trained from scratch only), num_kv_heads (int),
                       grouped_attentions (tuple of attention names),
-                      dropout_rate, dtype and param_dtype (str)
+                      dropout_rate, dtype and param_dtype (str), remat (str: what each layer
+                      keeps for the backward pass, none|full|save_dots|save_dots_no_batch; memory
+                      for recomputation, same results; applies to loaded checkpoints too)
     optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
     uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random),
                       attentions (tuple), alpha, original_steps, source_step (int: schedule offset;
@@ -88,6 +90,7 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
             "dropout_rate": 0.0,
             "dtype": config_dict.placeholder(str),
             "param_dtype": config_dict.placeholder(str),
+            "remat": config_dict.placeholder(str),  # none | full | save_dots | save_dots_no_batch
         }
     )
     c.optimizer = config_dict.ConfigDict({"warmup_steps": 10_000, "learning_rate": 1e-3})

@@ -19,6 +19,8 @@ from typing import Any
 ATTENTION_KINDS = ("encoder_self", "decoder_self", "cross")
 MLP_KINDS = ("gated-gelu", "relu")  # T5.1.1 uses gated-gelu; the original T5 used relu.
 DTYPES = ("float32", "bfloat16", "float16")
+# What each layer keeps for the backward pass (the rest is recomputed); see model.py.
+REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +28,8 @@ class ModelConfig:
     """Shapes and options of a T5-style encoder-decoder with grouped-query attention.
 
     ``num_kv_heads`` = K: ``K == num_heads`` is MHA, ``K == 1`` is MQA, anything between that
-    divides ``num_heads`` is GQA-K. ``None`` means MHA (K = N).
+    divides ``num_heads`` is GQA-K. ``None`` means MHA (K = N). ``remat`` (one of
+    ``REMAT_POLICIES``) trades training memory for recomputation; it never changes the outputs.
     """
 
     vocab_size: int = 32128
@@ -46,6 +49,7 @@ class ModelConfig:
     layer_norm_epsilon: float = 1e-6
     dtype: str = "float32"  # activations
     param_dtype: str = "float32"
+    remat: str = "none"
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -102,6 +106,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"ModelConfig: {name}={getattr(self, name)!r}; known: {list(DTYPES)}.")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig: remat={self.remat!r}; known: {list(REMAT_POLICIES)}.")
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"ModelConfig: layer_norm_epsilon={self.layer_norm_epsilon} must be > 0.")
 

@@ -13,6 +13,12 @@ from ``ModelConfig.grouped_attentions``; every attention uses the same ``Attenti
 Padding is id 0: it is masked as a key in the encoder and in cross-attention. The decoder input
 starts with id 0 (the start token), so decoder self-attention is masked causally only.
 
+Rematerialization (``config.remat``): with teacher forcing each layer runs under
+``nnx.remat`` (``jax.checkpoint``), keeping for the backward pass only what the policy saves --
+``full``: the layer's inputs; ``save_dots``: every matmul output; ``save_dots_no_batch``: the
+projections (matmuls without batch dimensions), recomputing the attention scores -- and
+recomputing the rest. Decoding has no backward pass and runs the layers plainly.
+
 Packed examples (several documents in one row, see ``gqa_jax.data.pipeline``) pass segment ids
 (1, 2, ... per document, 0 for padding): every attention is then also masked to its own
 document, so packed documents never attend to each other. Relative positions need no reset:
@@ -41,6 +47,18 @@ Array = jax.Array
 PAD_ID = 0
 EOS_ID = 1
 DECODER_START_ID = 0
+
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_saveable,
+    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _rematerialized(call: Any, remat: str) -> Any:
+    """``call(layer, *arrays)`` under ``nnx.remat`` with the policy ``remat`` (plain for "none")."""
+    return call if remat == "none" else nnx.remat(call, policy=_REMAT[remat])
 
 
 class EncoderLayer(nnx.Module):
@@ -109,6 +127,7 @@ class Encoder(nnx.Module):
         self.layers = nnx.List([EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)])
         self.final_norm = RMSNorm(config.d_model, config)
         self.rate = config.dropout_rate
+        self.remat = config.remat
 
     def __call__(self, x: Array, mask: Array, *, rngs: nnx.Rngs | None = None) -> Array:
         """Embedded inputs ``x [B, S, D]``, key mask ``[B, S]`` (or a full ``[B, S, S]`` mask)
@@ -117,8 +136,13 @@ class Encoder(nnx.Module):
         bias = self.relpos(pos, pos)  # [N, S, S], computed once, shared by all layers
         mask = mask[:, None, :] if mask.ndim == 2 else mask  # [B, 1 or S, S]
         x = dropout(x, self.rate, rngs)
+
+        def call(layer: EncoderLayer, x: Array, rngs: nnx.Rngs | None) -> Array:
+            return layer(x, bias=bias, mask=mask, rngs=rngs)
+
+        run = _rematerialized(call, self.remat)
         for layer in self.layers:
-            x = layer(x, bias=bias, mask=mask, rngs=rngs)
+            x = run(layer, x, rngs)
         return dropout(self.final_norm(x), self.rate, rngs)
 
 
@@ -128,6 +152,7 @@ class Decoder(nnx.Module):
         self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_decoder_layers)])
         self.final_norm = RMSNorm(config.d_model, config)
         self.rate = config.dropout_rate
+        self.remat = config.remat
 
     def cross_kv(self, encoded: Array) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
         """Every layer's cross-attention keys and values ``[B, K, S, H]`` from ``encoded [B, S, D]``."""
@@ -168,18 +193,16 @@ class Decoder(nnx.Module):
             causal = causal & (segment_ids[:, :, None] == segment_ids[:, None, :])  # [B, T, T]
         cross_mask = cross_mask[:, None, :] if cross_mask.ndim == 2 else cross_mask  # [B, 1 or T, S]
         y = dropout(y, self.rate, rngs)
+
+        def call(layer: DecoderLayer, y: Array, cross_kv: Any, self_kv: Any, rngs: nnx.Rngs | None) -> Any:
+            return layer(y, cross_kv, self_bias=bias, self_mask=causal, cross_mask=cross_mask,
+                         self_kv=self_kv, index=index, rngs=rngs)  # fmt: skip
+
+        run = _rematerialized(call, self.remat if self_kv is None else "none")  # decoding: no backward pass
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
-            y, (k, v) = layer(
-                y,
-                (cross_kv[0][i], cross_kv[1][i]),
-                self_bias=bias,
-                self_mask=causal,
-                cross_mask=cross_mask,
-                self_kv=None if self_kv is None else (self_kv[0][i], self_kv[1][i]),
-                index=index,
-                rngs=rngs,
-            )
+            layer_kv = None if self_kv is None else (self_kv[0][i], self_kv[1][i])
+            y, (k, v) = run(layer, y, (cross_kv[0][i], cross_kv[1][i]), layer_kv, rngs)
             new_k.append(k)
             new_v.append(v)
         return dropout(self.final_norm(y), self.rate, rngs), (tuple(new_k), tuple(new_v))

@@ -8,7 +8,7 @@ from flax import nnx
 
 from gqa_jax.config import ATTENTION_KINDS, preset
 from gqa_jax.data.pipeline import shift_right
-from gqa_jax.model import T5
+from gqa_jax.model import T5, abstract
 
 ENC = jnp.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0], [14, 15, 0, 0, 0, 0]])
 DEC = jnp.array([[0, 3, 4, 5], [0, 6, 7, 8], [0, 9, 10, 11]])
@@ -189,3 +189,31 @@ def test_abstract_gives_a_fresh_module_each_call_and_build_fills_it():
     np.testing.assert_array_equal(
         again.decoder.layers[0].self_attn.key[...], built.decoder.layers[0].self_attn.key[...]
     )
+
+
+def test_every_remat_policy_gives_the_plain_loss_and_gradients():
+    enc = jnp.asarray(np.random.default_rng(0).integers(2, 100, (2, 10)))
+    dec = jnp.asarray(np.random.default_rng(1).integers(2, 100, (2, 6)))
+
+    base = preset("tiny", num_encoder_layers=1, num_decoder_layers=1)
+    params = nnx.split(T5(base, rngs=nnx.Rngs(0)), nnx.Param)[1]  # one set of weights for all
+
+    def loss_and_grads(remat, dropout):
+        graphdef = nnx.split(abstract(base.replace(dropout_rate=dropout, remat=remat)), nnx.Param)[0]
+
+        def loss(params):
+            rngs = nnx.Rngs(dropout=7) if dropout else None  # the recomputation draws the same masks
+            logits = nnx.merge(graphdef, params)(enc, dec, rngs=rngs)
+            return jnp.mean(jax.nn.log_softmax(logits)[..., 3])
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    for dropout, policies in ((0.0, ("full", "save_dots", "save_dots_no_batch")), (0.3, ("full",))):
+        loss, grads = loss_and_grads("none", dropout)
+        for remat in policies:
+            got_loss, got_grads = loss_and_grads(remat, dropout)
+            assert float(got_loss) == pytest.approx(float(loss), abs=1e-5), remat
+            for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(grads), strict=True):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, err_msg=remat)
+    with pytest.raises(ValueError, match=r"remat='everything'; known: \['none', 'full', 'save_dots'"):
+        preset("tiny", remat="everything")

@@ -105,7 +105,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
 SCRIPT = textwrap.dedent(
     """
     import json
-    from gqa_jax.tools import plan
+    from gqa_jax.tools import plan, plan_report
     from gqa_jax.__main__ import main
 
     out = {}
@@ -114,7 +114,7 @@ SCRIPT = textwrap.dedent(
                               programs=("decode",), batch_search=())
         res = plan.plan(s)
         out[f"{mesh}:{k}"] = {"checks": res["checks"], "decode": res["programs"]["decode"],
-                              "report": plan.report(res)}
+                              "report": plan_report.report(res)}
     out["bad_batch"] = main("plan --preset tiny --mesh 2x4 --batch 3 --no-batch-search".split())
     print("JSON" + json.dumps(out))
     """

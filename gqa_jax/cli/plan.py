@@ -15,7 +15,7 @@ HELP = (
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from gqa_jax.config import DTYPES, PRESETS
+    from gqa_jax.config import DTYPES, PRESETS, REMAT_POLICIES
     from gqa_jax.tools.plan import DEFAULT_HBM_GIB, PROGRAMS
 
     p.add_argument("--preset", required=True, choices=PRESETS, help="model shape")
@@ -57,6 +57,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="gradient accumulation in the train step (default: %(default)s)",
     )
     p.add_argument(
+        "--remat",
+        default="none",
+        choices=REMAT_POLICIES,
+        help="the train step's rematerialization: what each layer keeps for the backward pass "
+        "(default: %(default)s, keeps every activation)",
+    )
+    p.add_argument(
         "--programs",
         default=",".join(PROGRAMS),
         help="comma-separated programs to compile, from train,decode (default: %(default)s)",
@@ -75,7 +82,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gqa_jax.log import log
-    from gqa_jax.tools import plan
+    from gqa_jax.tools import plan, plan_report
 
     def names(text: str) -> tuple[str, ...]:
         return tuple(n for n in options.comma_list(text) if n != "none")
@@ -88,10 +95,10 @@ def run(args: argparse.Namespace) -> int:
     settings = plan.PlanSettings(
         preset=args.preset, num_kv_heads=args.num_kv_heads, mesh=args.mesh, batch=args.batch,
         input_len=args.input_len, output_len=args.output_len, hbm_gib=args.hbm_gib, dtype=args.dtype,
-        param_dtype=args.param_dtype, num_microbatches=args.num_microbatches, programs=programs,
-        batch_search=search,
+        param_dtype=args.param_dtype, num_microbatches=args.num_microbatches, remat=args.remat,
+        programs=programs, batch_search=search,
     )  # fmt: skip
     res = plan.plan(settings, log=log)
-    print(plan.report(res), flush=True)
+    print(plan_report.report(res), flush=True)
     options.write_json(res, args.json)
     return 0

@@ -71,8 +71,6 @@ from gqa_jax.tools.compiled_memory import (
     memory,
     with_shardings,
 )
-from gqa_jax.tools.info import attention_name, human_bytes
-from gqa_jax.tools.timing import md_table
 
 DEFAULT_HBM_GIB = 32.0  # TPU v4, the paper's chip (v5p: 95, H100: 80)
 PROGRAMS = ("train", "decode")
@@ -90,6 +88,7 @@ class PlanSettings:
     dtype: str = "bfloat16"  # activations; the decode params and the KV cache
     param_dtype: str = "float32"  # the train step's params (and so its optimizer state)
     num_microbatches: int = 1
+    remat: str = "none"  # the train step's rematerialization policy (ModelConfig.remat)
     programs: tuple[str, ...] = PROGRAMS
     batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
 
@@ -126,11 +125,15 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
         value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
-    overrides: dict[str, Any] = {"dtype": settings.dtype, "param_dtype": settings.param_dtype}
+    overrides: dict[str, Any] = {
+        "dtype": settings.dtype,
+        "param_dtype": settings.param_dtype,
+        "remat": settings.remat,
+    }
     if settings.num_kv_heads is not None:
         overrides["num_kv_heads"] = settings.num_kv_heads
     train_config = preset(settings.preset, **overrides)
-    decode_config = train_config.replace(param_dtype=settings.dtype)  # decode with the model dtype
+    decode_config = train_config.replace(param_dtype=settings.dtype, remat="none")  # the model dtype
     mesh = sharding_lib.make_mesh(settings.mesh)
     data = mesh.shape["data"]
     if settings.batch % data:
@@ -356,141 +359,3 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
                 )
                 check(program, what, r["cache_formula"][kind], r["cache_compiled"][kind])
     return out
-
-
-# ------------------------------------------------------------------------------- the report
-def _unit(largest: float) -> tuple[str, int]:
-    """One binary unit for a whole table: the largest that keeps its biggest number >= 1."""
-    for name, power in (("GiB", 3), ("MiB", 2), ("KiB", 1)):
-        if largest >= 1024**power:
-            return name, 1024**power
-    return "bytes", 1
-
-
-def _label(program: str) -> str:
-    return "train step" if program == "train" else "decode (greedy)"
-
-
-def report(res: dict[str, Any]) -> str:
-    """Markdown: the per-device table, the largest batches, the K/V-head layout, the checks."""
-    s, cfg, progs = res["settings"], res["config"], res["programs"]
-    N, K = cfg["num_heads"], cfg["num_kv_heads"]
-    unit, scale = _unit(max(r["memory"]["total"] for r in progs.values()))
-
-    def u(n: float) -> str:
-        return f"{n / scale:.2f}"
-
-    micro = f", {s['num_microbatches']} micro-batches" if s["num_microbatches"] > 1 else ""
-    lines = [
-        f"# Memory plan: {s['preset']} {attention_name(K, N)} (K = {K}, N = {N}), mesh {s['mesh']} "
-        f"(data {res['mesh']['data']} x model {res['mesh']['model']}), batch {s['batch']}, "
-        f"input {s['input_len']}, output {s['output_len']}",
-        "",
-        f"Per device, {unit}. Activations {s['dtype']}; train params and Adafactor state {s['param_dtype']}"
-        f"{micro}; decode params "
-        f"and KV cache {s['dtype']}. Compiled ahead of time for the {res['backend']} backend "
-        f"({res['device_kind']}); fits = total <= {s['hbm_gib']:g} GiB.",
-        "",
-    ]
-
-    def cache(kind: str) -> Callable[[str], str]:
-        return lambda p: u(progs[p][kind]["total"]) if p == "decode" else "-"
-
-    lines += md_table(
-        [
-            ("program", _label),
-            ("batch", lambda p: str(progs[p]["batch"])),
-            ("params", lambda p: u(progs[p]["params_bytes"])),
-            ("optimizer state", lambda p: "-" if p == "decode" else u(progs[p]["optimizer_bytes"])),
-            ("KV cache (formula)", cache("cache_formula")),
-            ("KV cache (compiled)", cache("cache_compiled")),
-            ("inputs", lambda p: u(progs[p]["inputs_bytes"])),
-            ("temporaries", lambda p: u(progs[p]["memory"]["temp"])),
-            ("outputs - aliased", lambda p: u(progs[p]["memory"]["output"] - progs[p]["memory"]["alias"])),
-            ("total", lambda p: u(progs[p]["memory"]["total"])),
-            ("fits?", lambda p: "yes" if progs[p]["fits"] else "NO"),
-        ],
-        list(progs),
-    )
-    lines += [
-        "",
-        "total = argument (params + optimizer state + inputs) + output - aliased (the donated train state) "
-        "+ temporaries + generated code, from `compiled.memory_analysis()` of one device. The KV cache "
-        "is part of the decode loop's outputs (its final state), so the columns do not add up to the total.",
-    ]
-    searched = {p: r["largest_batch"] for p, r in progs.items() if "largest_batch" in r}
-    if searched:
-        lines += [
-            "",
-            f"## Largest batch that fits {s['hbm_gib']:g} GiB per device",
-            "",
-        ]
-
-        def totals(p: str) -> dict[int, int]:
-            return {int(k): v for k, v in searched[p]["compiled_totals"].items()}
-
-        def its_total(p: str) -> str:
-            b = searched[p]["largest_batch"]
-            return human_bytes(totals(p)[b]) if b in totals(p) else "-"
-
-        def next_total(p: str) -> str:
-            b, step = searched[p]["largest_batch"], searched[p]["step"]
-            nxt = b + step if b else step
-            return f"{nxt}: {human_bytes(totals(p)[nxt])}" if nxt in totals(p) else "-"
-
-        def line(p: str) -> str:
-            sr = searched[p]
-            return (
-                f"{human_bytes(max(0, round(sr['fixed_bytes'])))} + {human_bytes(round(sr['per_row_bytes']))}"
-            )
-
-        lines += md_table(
-            [
-                ("program", _label),
-                ("largest batch", lambda p: str(searched[p]["largest_batch"] or "none")),
-                ("its total", its_total),
-                ("next batch: total", next_total),
-                ("line: fixed + per row", line),
-                ("how", lambda p: searched[p]["how"]),
-            ],
-            list(searched),
-        )
-        if "train" in searched and searched["train"]["largest_batch"] < s["batch"]:
-            lines += [
-                "",
-                "The train step does not fit at the requested batch: `--num-microbatches M` accumulates "
-                "gradients over M slices of the batch (the same update), so only one slice's activations "
-                "are live; params, optimizer state and gradients stay.",
-            ]
-    lines += ["", "## K/V heads on the mesh", ""]
-    lines.append(f"- parameters: {res['replication']['params_report']}".replace("\n", "\n- parameters: "))
-    if "decode" in progs:
-        d = progs["decode"]
-        for kind in ("self", "cross"):
-            lay = d["cache_layout"][kind]
-            lines.append(
-                f"- KV cache {kind}: {human_bytes(lay['total_bytes'])} in all, spec {lay['spec']}, "
-                f"{lay['shards']} shard(s): {human_bytes(d['cache_formula'][kind])} per device by the "
-                "formula; "
-                f"compiled: spec {d['cache_compiled_specs'][kind]}, {human_bytes(d['cache_compiled'][kind])}"
-            )
-        lines.append(f"- KV cache: {d['cache_report'] or 'no replication: the K/V heads split over model'}")
-    lines += ["", "## Checks (bytes per device)", ""]
-    lines += md_table(
-        [
-            ("program", lambda c: c["program"]),
-            ("check", lambda c: c["what"]),
-            ("expected", lambda c: f"{c['expected']:,}"),
-            ("compiled", lambda c: f"{c['compiled']:,}"),
-            ("ok", lambda c: "yes" if c["ok"] else "NO"),
-        ],
-        res["checks"],
-    )
-    compiles = [(p, c) for p, r in progs.items() for c in r["compiles"]]
-    lines += [
-        "",
-        "Compiled: "
-        + ", ".join(f"{p} at batch {c['batch']} ({c['compile_s']:.0f} s)" for p, c in compiles)
-        + f"; wall {res['wall_s']:.0f} s.",
-    ]
-    return "\n".join(lines)

@@ -155,7 +155,10 @@ def init_model(
         manifest["source_path"] = str(up.source)
         if jax.process_index() == 0:
             (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        model = model_lib.build(cfg.replace(dropout_rate=config.model.dropout_rate or 0.0), params)
+        cfg = cfg.replace(
+            dropout_rate=config.model.dropout_rate or 0.0, remat=config.model.remat or cfg.remat
+        )
+        model = model_lib.build(cfg, params)
         offset = up.source_step if up.source_step is not None else up.original_steps
         info |= {"source": str(up.source), "source_kind": kind, "schedule_offset": int(offset),
                  "num_kv_heads": up.num_kv_heads, "method": up.method}  # fmt: skip
@@ -163,7 +166,9 @@ def init_model(
     # finetune
     if config.init_from:
         source, source_cfg, kind = checkpoints.load_any(config.init_from, mesh=mesh)
-        cfg = source_cfg.replace(dropout_rate=config.model.dropout_rate)
+        cfg = source_cfg.replace(
+            dropout_rate=config.model.dropout_rate, remat=config.model.remat or source_cfg.remat
+        )
         model = model_lib.build(cfg, source)
         info |= {"init_from": str(config.init_from), "source_kind": kind}
     else:

@@ -44,6 +44,7 @@ RESTART_MAY_CHANGE = frozenset(
         "keep_checkpoints",
         "progress",
         "mesh",  # orbax restores into whatever shardings the new mesh gives
+        "model.remat",  # memory against recomputation: the same computation
     }
 )
 

@@ -37,6 +37,8 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       over data; "" = one device. A multi-host run sets the mesh over all hosts'
                       devices and starts every process with GQA_JAX_COORDINATOR/NUM_PROCESSES/
                       PROCESS_ID (or GQA_JAX_DISTRIBUTED=auto on TPU pods; see the README)
+    fsdp              parameters and optimizer state also split over data (their d_model axis;
+                      sharding.FSDP_RULES), gathered per layer: less memory per device, same results
     pack              several examples per row (segment ids), as T5X packs
     input_length, target_length   (int) override the task's lengths (None: the task's)
     num_train_steps, z_loss
@@ -70,6 +72,7 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
     c.batch_size = 32
     c.num_microbatches = 1
     c.mesh = ""
+    c.fsdp = False
     c.pack = True
     c.input_length = config_dict.placeholder(int)  # None: the task's (span corruption derives the targets')
     c.target_length = config_dict.placeholder(int)

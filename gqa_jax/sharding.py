@@ -51,6 +51,12 @@ RULES: dict[str, str | None] = {
     "buckets": None,
 }
 
+# FSDP (T5X's 2-D parameter partitioning, MaxText's fsdp axis): parameters and optimizer state
+# split their embed dimension over `data` too, and XLA gathers each layer's weights where they are
+# used. Activations are unchanged: their batch already takes `data`, and an array never uses one
+# mesh axis twice (``spec``).
+FSDP_RULES: dict[str, str | None] = {**RULES, "embed": "data"}
+
 # the logical axes of activations and the cache (the model's ``constrain`` calls use these)
 ACTIVATION_AXES: dict[str, tuple[str, ...]] = {
     "hidden": ("batch", "length", "embed"),  # residual stream [B, T, D]
@@ -257,6 +263,20 @@ def check_rules(rules: Mapping[str, str | None], mesh: Mesh) -> None:
         raise ValueError(
             f"the sharding rules have no entry for logical axes {missing}; add them (None replicates)"
         )
+
+
+def train_rules(fsdp: bool, d_model: int, mesh: Mesh) -> dict[str, str | None]:
+    """The rules of a train run: ``FSDP_RULES`` when ``fsdp`` (checked: ``data`` must divide
+    ``d_model``, else nothing would be saved), else ``RULES``."""
+    if not fsdp:
+        return RULES
+    data = mesh.shape["data"]
+    if d_model % data:
+        raise ValueError(
+            f"fsdp: the data axis ({data} devices) does not divide d_model={d_model}, so the parameters "
+            f"cannot be split over it; choose a mesh whose data axis divides {d_model}, or fsdp=False"
+        )
+    return FSDP_RULES
 
 
 def shards(pspec: PartitionSpec, mesh: Mesh) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import tensorflow_datasets as tfds
 from flax.nnx import traversals
 from safetensors.numpy import save_file
@@ -117,16 +118,34 @@ def train_from_a_checkpoint(root: Path, vocab: str) -> None:
         "finetune": (f"{REPO}/configs/finetune.py:task=cnn_dailymail,init={source}", finetune),
     }
     for recipe, (file, overrides) in recipes.items():
-        finals = {}
-        for mesh in ("1x1", "2x4"):
-            cfg = run_config.load(file, [*common, *overrides, f"--config.mesh={mesh}"])
+        finals, specs = {}, {}
+        runs = {"1x1": [], "2x4": [], "2x4_fsdp": ["--config.fsdp=True"]} if recipe == "finetune" else None
+        for name, extra in (runs or {"1x1": [], "2x4": []}).items():
+            cfg = run_config.load(file, [*common, *overrides, f"--config.mesh={name[:3]}", *extra])
             with tfds.testing.mock_data(num_examples=32):
-                summary = training.train(cfg, root / f"{recipe}_{mesh}")
-            finals[mesh] = flat_params(checkpoints.load(root / f"{recipe}_{mesh}" / "model")[0])
-        one, sharded = finals["1x1"], finals["2x4"]
-        diff = max(float(np.max(np.abs(np.asarray(one[p]) - np.asarray(v)))) for p, v in sharded.items())
+                summary = training.train(cfg, root / f"{recipe}_{name}")
+            finals[name] = flat_params(checkpoints.load(root / f"{recipe}_{name}" / "model")[0])
+            specs[name] = saved_spec(
+                root / f"{recipe}_{name}" / "checkpoints" / "2", "encoder.layers.0.mlp.wi_0"
+            )
+        one = finals.pop("1x1")
         row = {"recipe": recipe, "steps": summary["final_step"], "kind": summary.get("source_kind")}
-        print(json.dumps(row | {"max_param_diff": diff}), flush=True)
+        for name, got in finals.items():
+            row[f"max_param_diff_{name}"] = max(
+                float(np.max(np.abs(np.asarray(one[p]) - np.asarray(v)))) for p, v in got.items()
+            )
+            row[f"wi_0_spec_{name}"] = specs[name]  # the checkpoint's sharding of one [D, F] kernel
+        print(json.dumps(row), flush=True)
+
+
+def saved_spec(step_dir: Path, name: str) -> list:
+    """The PartitionSpec a train checkpoint recorded for the parameter ``name``."""
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        tree = checkpointer.metadata(step_dir / "state").item_metadata.tree
+    leaf = tree["params"]
+    for key in name.split("."):
+        leaf = leaf[key]
+    return [str(a) for a in leaf.sharding.partition_spec] if leaf.sharding is not None else []
 
 
 if __name__ == "__main__":

@@ -109,6 +109,17 @@ def test_spec_follows_the_rules():
     assert tuple(sharding.spec(("vocab", "embed"), (12, 4), fake)) == ("model", None)
 
 
+def test_fsdp_rules_split_parameters_over_data_but_not_activations_twice():
+    fake = type("M", (), {"shape": {"data": 2, "model": 4}, "axis_names": ("data", "model")})()
+    rules = sharding.train_rules(True, 8, fake)
+    assert rules["embed"] == "data" and sharding.train_rules(False, 8, fake) is sharding.RULES
+    assert tuple(sharding.spec(("embed", "mlp"), (8, 16), fake, rules)) == ("data", "model")
+    # the residual stream [B, T, D]: its rows already take data, so D stays whole
+    assert tuple(sharding.spec(("batch", "length", "embed"), (4, 3, 8), fake, rules)) == ("data", None, None)
+    with pytest.raises(ValueError, match=r"fsdp: the data axis \(2 devices\) does not divide d_model=7"):
+        sharding.train_rules(True, 7, fake)
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="needs 16 devices"):
         sharding.make_mesh("2x8")

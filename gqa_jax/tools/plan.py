@@ -89,6 +89,7 @@ class PlanSettings:
     param_dtype: str = "float32"  # the train step's params (and so its optimizer state)
     num_microbatches: int = 1
     remat: str = "none"  # the train step's rematerialization policy (ModelConfig.remat)
+    fsdp: bool = False  # the train state also split over data (sharding.FSDP_RULES)
     programs: tuple[str, ...] = PROGRAMS
     batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
 
@@ -104,6 +105,7 @@ class _Setup:
     mesh: Any
     data: int
     optimizer: Any = None
+    rules: Any = None  # the train step's rule table
     train_graphdef: Any = None
     train_state: Any = None  # abstract TrainState with shardings
     state_shardings: Any = None
@@ -155,11 +157,12 @@ def _setup(settings: PlanSettings) -> _Setup:
     s = _Setup(settings, train_config, decode_config, mesh, mesh.shape["data"])
     if "train" in settings.programs:
         s.optimizer = training.make_optimizer(training.OptimizerConfig())
+        s.rules = sharding_lib.train_rules(settings.fsdp, train_config.d_model, mesh)
         s.train_graphdef, _ = training.split_model(model_lib.abstract(train_config))
         abstract = jax.eval_shape(lambda: training.init_state(model_lib.build(train_config), s.optimizer, 0))
-        s.state_shardings = training.state_shardings(abstract, mesh)
+        s.state_shardings = training.state_shardings(abstract, mesh, s.rules)
         s.train_state = with_shardings(abstract, s.state_shardings)
-        _, s.param_replicated = sharding_lib.param_shardings(abstract.params, mesh)
+        _, s.param_replicated = sharding_lib.param_shardings(abstract.params, mesh, s.rules)
     if "decode" in settings.programs:
         s.decode_graphdef, params = training.split_model(model_lib.abstract(decode_config))
         shardings, replicated = sharding_lib.param_shardings(params, mesh)
@@ -187,7 +190,7 @@ def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
     """Lower and compile the sharded train step at ``batch`` rows; its memory per device."""
     jitted = training.make_train_step(
         setup.train_graphdef, setup.optimizer, mesh=setup.mesh, state_shardings=setup.state_shardings,
-        num_microbatches=setup.settings.num_microbatches, dropout=False,
+        num_microbatches=setup.settings.num_microbatches, dropout=False, rules=setup.rules,
     )  # fmt: skip
     inputs = train_batch(setup, batch)
     start = time.perf_counter()

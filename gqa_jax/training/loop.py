@@ -203,7 +203,8 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         )
     optimizer = make_optimizer(opt_cfg)
     schedule = make_schedule(opt_cfg)
-    state, shardings, graphdef, replicated = create_state(model, optimizer, mesh, config.seed)
+    rules = sharding.train_rules(config.fsdp, model_cfg.d_model, mesh)
+    state, shardings, graphdef, replicated = create_state(model, optimizer, mesh, config.seed, rules)
     del model
     if config.mesh:
         log(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es): "
@@ -236,7 +237,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     dropout = config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0
     step_fn = make_train_step(
         graphdef, optimizer, mesh=mesh, state_shardings=shardings, num_microbatches=config.num_microbatches,
-        z_loss=config.z_loss, dropout=dropout,
+        z_loss=config.z_loss, dropout=dropout, rules=rules,
     )  # fmt: skip
     writer = metrics.MetricWriter(workdir) if is_main else None
     summary: dict[str, Any] = {"steps": total, **info}

@@ -45,6 +45,7 @@ RESTART_MAY_CHANGE = frozenset(
         "progress",
         "mesh",  # orbax restores into whatever shardings the new mesh gives
         "model.remat",  # memory against recomputation: the same computation
+        "fsdp",  # where the parameters live, like mesh
     }
 )
 

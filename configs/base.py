@@ -26,7 +26,8 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       grouped_attentions (tuple of attention names),
                       dropout_rate, dtype and param_dtype (str), remat (str: what each layer
                       keeps for the backward pass, none|full|save_dots|save_dots_no_batch; memory
-                      for recomputation, same results; applies to loaded checkpoints too)
+                      for recomputation, same results; applies to loaded checkpoints too),
+                      scan_layers (bool: the layers as one lax.scan, compiled once; same results)
     optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
     uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random),
                       attentions (tuple), alpha, original_steps, source_step (int: schedule offset;
@@ -94,6 +95,7 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
             "dtype": config_dict.placeholder(str),
             "param_dtype": config_dict.placeholder(str),
             "remat": config_dict.placeholder(str),  # none | full | save_dots | save_dots_no_batch
+            "scan_layers": config_dict.placeholder(bool),
         }
     )
     c.optimizer = config_dict.ConfigDict({"warmup_steps": 10_000, "learning_rate": 1e-3})

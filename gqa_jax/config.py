@@ -29,7 +29,8 @@ class ModelConfig:
 
     ``num_kv_heads`` = K: ``K == num_heads`` is MHA, ``K == 1`` is MQA, anything between that
     divides ``num_heads`` is GQA-K. ``None`` means MHA (K = N). ``remat`` (one of
-    ``REMAT_POLICIES``) trades training memory for recomputation; it never changes the outputs.
+    ``REMAT_POLICIES``) trades training memory for recomputation and ``scan_layers`` runs the
+    layers as one ``lax.scan`` (one layer compiled instead of L); neither changes the outputs.
     """
 
     vocab_size: int = 32128
@@ -50,6 +51,7 @@ class ModelConfig:
     dtype: str = "float32"  # activations
     param_dtype: str = "float32"
     remat: str = "none"
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -106,6 +108,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"ModelConfig: {name}={getattr(self, name)!r}; known: {list(DTYPES)}.")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig: scan_layers={self.scan_layers!r} must be True or False.")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig: remat={self.remat!r}; known: {list(REMAT_POLICIES)}.")
         if not self.layer_norm_epsilon > 0:

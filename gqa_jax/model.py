@@ -61,6 +61,37 @@ def _rematerialized(call: Any, remat: str) -> Any:
     return call if remat == "none" else nnx.remat(call, policy=_REMAT[remat])
 
 
+def _run_layers(
+    layers: Any, call: Any, carry: Any, per_layer: list, rngs: nnx.Rngs | None, *, remat: str, scan: bool
+) -> tuple[Any, list]:
+    """``carry, out_i = call(layer_i, carry, per_layer[i], rngs)`` for each layer in order; returns
+    ``(carry, [out_i])``. ``remat`` wraps each call in ``jax.checkpoint`` with that policy. ``scan``
+    stacks the layers' parameters (and ``per_layer``) and runs them as one ``lax.scan``, so the
+    layer is traced and compiled once instead of L times; its dropout then draws each layer's key
+    from one split of ``rngs`` (other masks than the loop's, same distribution)."""
+    if not scan:
+        run, outs = _rematerialized(call, remat), []
+        for layer, inputs in zip(layers, per_layer, strict=True):
+            carry, out = run(layer, carry, inputs, rngs)
+            outs.append(out)
+        return carry, outs
+    graphdef = nnx.split(layers[0])[0]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *[nnx.state(layer) for layer in layers])  # [L, ...]
+    inputs = jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if per_layer[0] is not None else None
+    keys = None if rngs is None else jax.random.split(rngs.dropout(), len(layers))
+
+    def body(carry: Any, xs: Any) -> tuple[Any, Any]:
+        state, layer_inputs, key = xs
+        return call(
+            nnx.merge(graphdef, state), carry, layer_inputs, None if key is None else nnx.Rngs(dropout=key)
+        )
+
+    if remat != "none":
+        body = jax.checkpoint(body, policy=_REMAT[remat])
+    carry, outs = jax.lax.scan(body, carry, (stacked, inputs, keys))
+    return carry, [jax.tree.map(lambda a, i=i: a[i], outs) for i in range(len(layers))]
+
+
 class EncoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(config.d_model, config)
@@ -127,7 +158,7 @@ class Encoder(nnx.Module):
         self.layers = nnx.List([EncoderLayer(config, rngs=rngs) for _ in range(config.num_encoder_layers)])
         self.final_norm = RMSNorm(config.d_model, config)
         self.rate = config.dropout_rate
-        self.remat = config.remat
+        self.remat, self.scan = config.remat, config.scan_layers
 
     def __call__(self, x: Array, mask: Array, *, rngs: nnx.Rngs | None = None) -> Array:
         """Embedded inputs ``x [B, S, D]``, key mask ``[B, S]`` (or a full ``[B, S, S]`` mask)
@@ -137,12 +168,11 @@ class Encoder(nnx.Module):
         mask = mask[:, None, :] if mask.ndim == 2 else mask  # [B, 1 or S, S]
         x = dropout(x, self.rate, rngs)
 
-        def call(layer: EncoderLayer, x: Array, rngs: nnx.Rngs | None) -> Array:
-            return layer(x, bias=bias, mask=mask, rngs=rngs)
+        def call(layer: EncoderLayer, x: Array, _: None, rngs: nnx.Rngs | None) -> tuple[Array, None]:
+            return layer(x, bias=bias, mask=mask, rngs=rngs), None
 
-        run = _rematerialized(call, self.remat)
-        for layer in self.layers:
-            x = run(layer, x, rngs)
+        per_layer = [None] * len(self.layers)
+        x, _ = _run_layers(self.layers, call, x, per_layer, rngs, remat=self.remat, scan=self.scan)
         return dropout(self.final_norm(x), self.rate, rngs)
 
 
@@ -152,7 +182,7 @@ class Decoder(nnx.Module):
         self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_decoder_layers)])
         self.final_norm = RMSNorm(config.d_model, config)
         self.rate = config.dropout_rate
-        self.remat = config.remat
+        self.remat, self.scan = config.remat, config.scan_layers
 
     def cross_kv(self, encoded: Array) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
         """Every layer's cross-attention keys and values ``[B, K, S, H]`` from ``encoded [B, S, D]``."""
@@ -194,18 +224,21 @@ class Decoder(nnx.Module):
         cross_mask = cross_mask[:, None, :] if cross_mask.ndim == 2 else cross_mask  # [B, 1 or T, S]
         y = dropout(y, self.rate, rngs)
 
-        def call(layer: DecoderLayer, y: Array, cross_kv: Any, self_kv: Any, rngs: nnx.Rngs | None) -> Any:
-            return layer(y, cross_kv, self_bias=bias, self_mask=causal, cross_mask=cross_mask,
-                         self_kv=self_kv, index=index, rngs=rngs)  # fmt: skip
+        def call(layer: DecoderLayer, y: Array, kv: Any, rngs: nnx.Rngs | None) -> tuple[Array, Any]:
+            cross, own = kv  # this layer's cross K/V, and its cached self K/V (None: teacher forcing)
+            return layer(y, cross, self_bias=bias, self_mask=causal, cross_mask=cross_mask,
+                         self_kv=own, index=index, rngs=rngs)  # fmt: skip
 
-        run = _rematerialized(call, self.remat if self_kv is None else "none")  # decoding: no backward pass
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            layer_kv = None if self_kv is None else (self_kv[0][i], self_kv[1][i])
-            y, (k, v) = run(layer, y, (cross_kv[0][i], cross_kv[1][i]), layer_kv, rngs)
-            new_k.append(k)
-            new_v.append(v)
-        return dropout(self.final_norm(y), self.rate, rngs), (tuple(new_k), tuple(new_v))
+        L = len(self.layers)
+        own = [None] * L if self_kv is None else [(self_kv[0][i], self_kv[1][i]) for i in range(L)]
+        per_layer = [((cross_kv[0][i], cross_kv[1][i]), own[i]) for i in range(L)]
+        teacher = self_kv is None  # decoding has no backward pass and runs the layers one by one
+        y, kvs = _run_layers(self.layers, call, y, per_layer, rngs, remat=self.remat if teacher else "none",
+                             scan=self.scan and teacher)  # fmt: skip
+        return dropout(self.final_norm(y), self.rate, rngs), (
+            tuple(k for k, _ in kvs),
+            tuple(v for _, v in kvs),
+        )
 
 
 class T5(nnx.Module):

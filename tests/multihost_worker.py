@@ -7,7 +7,8 @@ Usage: multihost_worker.py OUT_DIR MESH:K [MESH:K ...]
 Per case: sharded init, one train step on a global batch fed half by each process (or whole by
 both when the data axis does not span the processes), greedy decoding, and an orbax checkpoint
 of the updated state written by both processes and restored into the same shardings.
-Process 0 writes the results to OUT_DIR/<mesh>_<k>.npz.
+Process 0 writes the results to OUT_DIR/<mesh>_<k>.npz. Then a T5X checkpoint written by process 0
+is loaded by both onto a 1x8 mesh, each reading only its devices' blocks (OUT_DIR/t5x_load.npz).
 """
 
 import sys
@@ -21,10 +22,43 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
+from t5x_files import t5x_from_ours, write_legacy  # noqa: E402
 
-from gqa_jax import decoding, sharding, training  # noqa: E402
+from gqa_jax import checkpoints, decoding, sharding, training  # noqa: E402
+from gqa_jax import model as model_lib  # noqa: E402
+from gqa_jax.checkpoints import layout  # noqa: E402
 from gqa_jax.config import preset  # noqa: E402
 from gqa_jax.tools.bench_train import synthetic_batch  # noqa: E402
+
+
+def load_across_processes(out_dir: Path) -> None:
+    """Both processes load one T5X checkpoint onto a 1x8 mesh (each process holds half of every
+    sharded parameter) and count the elements they read."""
+    cfg = preset("tiny", num_heads=8, head_dim=4, relative_attention_max_distance=128)
+    source = model_lib.flat_params(model_lib.build(cfg, seed=3))  # the same weights in both
+    path = out_dir / "t5x"
+    if jax.process_index() == 0:
+        write_legacy(path, t5x_from_ours(model_lib.build(cfg, seed=3)))
+    multihost_utils.sync_global_devices("t5x checkpoint written")
+    read, plain = [0], layout.read
+
+    def counting(tensor, read_stored, index=None):
+        block = plain(tensor, read_stored, index)
+        read[0] += block.size
+        return block
+
+    layout.read = counting
+    model, _ = checkpoints.load_t5x(path, mesh=sharding.make_mesh("1x8"))
+    layout.read = plain
+    equal = all(
+        np.array_equal(np.asarray(s.data), np.asarray(source[p])[s.index])
+        for p, x in model_lib.flat_params(model).items()
+        for s in x.addressable_shards
+    )
+    counts = multihost_utils.process_allgather(np.asarray([read[0], int(equal)]))  # [processes, 2]
+    if jax.process_index() == 0:
+        total = sum(int(np.size(v)) for v in source.values())
+        np.savez(out_dir / "t5x_load.npz", counts=counts, total=np.asarray(total))
 
 
 def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
@@ -89,3 +123,4 @@ def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), [(m, int(k)) for m, k in (c.split(":") for c in sys.argv[2:])])
+    load_across_processes(Path(sys.argv[1]))

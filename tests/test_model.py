@@ -191,15 +191,14 @@ def test_abstract_gives_a_fresh_module_each_call_and_build_fills_it():
     )
 
 
-def test_every_remat_policy_gives_the_plain_loss_and_gradients():
+def test_remat_policies_and_scanned_layers_give_the_plain_loss_and_gradients():
     enc = jnp.asarray(np.random.default_rng(0).integers(2, 100, (2, 10)))
     dec = jnp.asarray(np.random.default_rng(1).integers(2, 100, (2, 6)))
-
-    base = preset("tiny", num_encoder_layers=1, num_decoder_layers=1)
+    base = preset("tiny", num_encoder_layers=2, num_decoder_layers=2, num_kv_heads=2)
     params = nnx.split(T5(base, rngs=nnx.Rngs(0)), nnx.Param)[1]  # one set of weights for all
 
-    def loss_and_grads(remat, dropout):
-        graphdef = nnx.split(abstract(base.replace(dropout_rate=dropout, remat=remat)), nnx.Param)[0]
+    def loss_and_grads(dropout=0.0, **options):
+        graphdef = nnx.split(abstract(base.replace(dropout_rate=dropout, **options)), nnx.Param)[0]
 
         def loss(params):
             rngs = nnx.Rngs(dropout=7) if dropout else None  # the recomputation draws the same masks
@@ -208,12 +207,22 @@ def test_every_remat_policy_gives_the_plain_loss_and_gradients():
 
         return jax.jit(jax.value_and_grad(loss))(params)
 
-    for dropout, policies in ((0.0, ("full", "save_dots", "save_dots_no_batch")), (0.3, ("full",))):
-        loss, grads = loss_and_grads("none", dropout)
-        for remat in policies:
-            got_loss, got_grads = loss_and_grads(remat, dropout)
-            assert float(got_loss) == pytest.approx(float(loss), abs=1e-5), remat
-            for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(grads), strict=True):
-                np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, err_msg=remat)
+    cases = [(0.0, {"remat": r}) for r in ("full", "save_dots", "save_dots_no_batch")]
+    cases += [
+        (0.0, {"scan_layers": True}),
+        (0.0, {"scan_layers": True, "remat": "full"}),
+        (0.3, {"remat": "full"}),
+    ]
+    plain = {0.0: loss_and_grads(), 0.3: loss_and_grads(0.3)}
+    for dropout, options in cases:
+        (loss, grads), (got_loss, got_grads) = plain[dropout], loss_and_grads(dropout, **options)
+        assert float(got_loss) == pytest.approx(float(loss), abs=1e-5), options
+        for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(grads), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, err_msg=str(options))
+    # scanned with dropout: each layer's key comes from one split, so other masks than the loop's
+    scanned = float(loss_and_grads(0.3, scan_layers=True)[0])
+    assert np.isfinite(scanned) and scanned != float(plain[0.3][0])
     with pytest.raises(ValueError, match=r"remat='everything'; known: \['none', 'full', 'save_dots'"):
         preset("tiny", remat="everything")
+    with pytest.raises(ValueError, match="scan_layers='yes' must be True or False"):
+        preset("tiny", scan_layers="yes")

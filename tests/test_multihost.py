@@ -1,5 +1,6 @@
 """Two local processes with 4 simulated CPU devices each (gloo collectives, coordinator on
-127.0.0.1): a train step, greedy decoding and a checkpoint round trip equal the one-process run."""
+127.0.0.1): a train step, greedy decoding and a checkpoint round trip equal the one-process run;
+both load one T5X checkpoint onto a 1x8 mesh, each reading only its own devices' blocks."""
 
 import socket
 import subprocess
@@ -93,3 +94,8 @@ def test_two_processes_equal_one(tmp_path):
         assert (list(got["key_spec"])[1:2] == ["model"]) == shards_kv
         assert (list(got["cache_spec"])[1:2] == ["model"]) == shards_kv
         assert (tmp_path / f"ckpt_{mesh}_{k}" / "1").is_dir()
+    # a T5X checkpoint loaded onto 1x8 by both processes: each read only its devices' blocks
+    load = np.load(tmp_path / "t5x_load.npz")
+    (read0, equal0), (read1, equal1) = load["counts"]
+    assert equal0 and equal1  # every shard a process holds equals the checkpoint's slice
+    assert read0 == read1 < 0.6 * int(load["total"])  # half of each sharded parameter, all of the rest

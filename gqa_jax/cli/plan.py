@@ -69,6 +69,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="the train step's params and optimizer state also split over the data axis (FSDP)",
     )
     p.add_argument(
+        "--scan-layers",
+        action="store_true",
+        help="the train step's layers as one lax.scan: one layer compiled instead of each",
+    )
+    p.add_argument(
         "--programs",
         default=",".join(PROGRAMS),
         help="comma-separated programs to compile, from train,decode (default: %(default)s)",
@@ -101,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         preset=args.preset, num_kv_heads=args.num_kv_heads, mesh=args.mesh, batch=args.batch,
         input_len=args.input_len, output_len=args.output_len, hbm_gib=args.hbm_gib, dtype=args.dtype,
         param_dtype=args.param_dtype, num_microbatches=args.num_microbatches, remat=args.remat,
-        fsdp=args.fsdp, programs=programs, batch_search=search,
+        fsdp=args.fsdp, scan_layers=args.scan_layers, programs=programs, batch_search=search,
     )  # fmt: skip
     res = plan.plan(settings, log=log)
     print(plan_report.report(res), flush=True)

@@ -90,6 +90,7 @@ class PlanSettings:
     num_microbatches: int = 1
     remat: str = "none"  # the train step's rematerialization policy (ModelConfig.remat)
     fsdp: bool = False  # the train state also split over data (sharding.FSDP_RULES)
+    scan_layers: bool = False  # the train step's layers as one lax.scan (ModelConfig.scan_layers)
     programs: tuple[str, ...] = PROGRAMS
     batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
 
@@ -131,11 +132,12 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
         "dtype": settings.dtype,
         "param_dtype": settings.param_dtype,
         "remat": settings.remat,
+        "scan_layers": settings.scan_layers,
     }
     if settings.num_kv_heads is not None:
         overrides["num_kv_heads"] = settings.num_kv_heads
     train_config = preset(settings.preset, **overrides)
-    decode_config = train_config.replace(param_dtype=settings.dtype, remat="none")  # the model dtype
+    decode_config = train_config.replace(param_dtype=settings.dtype, remat="none", scan_layers=False)
     mesh = sharding_lib.make_mesh(settings.mesh)
     data = mesh.shape["data"]
     if settings.batch % data:

@@ -34,6 +34,7 @@ def report(res: dict[str, Any]) -> str:
     micro = f", {s['num_microbatches']} micro-batches" if s["num_microbatches"] > 1 else ""
     micro += f", remat {s['remat']}" if s.get("remat", "none") != "none" else ""
     micro += ", FSDP (also split over data)" if s.get("fsdp") else ""
+    micro += ", layers scanned" if s.get("scan_layers") else ""
     lines = [
         f"# Memory plan: {s['preset']} {attention_name(K, N)} (K = {K}, N = {N}), mesh {s['mesh']} "
         f"(data {res['mesh']['data']} x model {res['mesh']['model']}), batch {s['batch']}, "

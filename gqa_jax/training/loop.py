@@ -134,6 +134,13 @@ def _model_config(config: Any, vocab: Any) -> Any:
     return preset(config.model.preset, **overrides)
 
 
+def _compile_options(config: Any, loaded: ModelConfig) -> dict[str, Any]:
+    """``model.remat`` / ``model.scan_layers`` for a model loaded from a checkpoint: they change how
+    the step is compiled, never the weights, so they apply to any checkpoint."""
+    remat, scan = config.model.get("remat"), config.model.get("scan_layers")
+    return {"remat": remat or loaded.remat, "scan_layers": loaded.scan_layers if scan is None else scan}
+
+
 def init_model(
     config: Any, vocab: Any, workdir: Any, mesh: Any = None
 ) -> tuple[Any, OptimizerConfig, dict[str, Any]]:
@@ -155,9 +162,7 @@ def init_model(
         manifest["source_path"] = str(up.source)
         if jax.process_index() == 0:
             (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        cfg = cfg.replace(
-            dropout_rate=config.model.dropout_rate or 0.0, remat=config.model.remat or cfg.remat
-        )
+        cfg = cfg.replace(dropout_rate=config.model.dropout_rate or 0.0, **_compile_options(config, cfg))
         model = model_lib.build(cfg, params)
         offset = up.source_step if up.source_step is not None else up.original_steps
         info |= {"source": str(up.source), "source_kind": kind, "schedule_offset": int(offset),
@@ -167,7 +172,7 @@ def init_model(
     if config.init_from:
         source, source_cfg, kind = checkpoints.load_any(config.init_from, mesh=mesh)
         cfg = source_cfg.replace(
-            dropout_rate=config.model.dropout_rate, remat=config.model.remat or source_cfg.remat
+            dropout_rate=config.model.dropout_rate, **_compile_options(config, source_cfg)
         )
         model = model_lib.build(cfg, source)
         info |= {"init_from": str(config.init_from), "source_kind": kind}

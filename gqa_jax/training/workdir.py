@@ -45,6 +45,7 @@ RESTART_MAY_CHANGE = frozenset(
         "progress",
         "mesh",  # orbax restores into whatever shardings the new mesh gives
         "model.remat",  # memory against recomputation: the same computation
+        "model.scan_layers",  # the same computation, compiled once per stack
         "fsdp",  # where the parameters live, like mesh
     }
 )

@@ -102,7 +102,8 @@ def main(root: Path) -> None:
 
 def train_from_a_checkpoint(root: Path, vocab: str) -> None:
     """Two steps of uptraining (MHA -> GQA-2 by mean) and of fine-tuning, each started from the
-    same T5X checkpoint on one device and on a 2x4 mesh; the final parameters must agree."""
+    same T5X checkpoint on one device and on a 2x4 mesh (fine-tuning with FSDP); the final
+    parameters must agree."""
     config = preset("tiny", num_heads=8, head_dim=4, relative_attention_max_distance=128)
     source = write_legacy(root / "t5x", t5x_from_ours(build(config.replace(vocab_size=512), seed=1)))
     common = [f"--config.vocab={vocab}", f"--config.data_dir={root / 'data'}", "--config.batch_size=8",
@@ -119,8 +120,13 @@ def train_from_a_checkpoint(root: Path, vocab: str) -> None:
     }
     for recipe, (file, overrides) in recipes.items():
         finals, specs = {}, {}
-        runs = {"1x1": [], "2x4": [], "2x4_fsdp": ["--config.fsdp=True"]} if recipe == "finetune" else None
-        for name, extra in (runs or {"1x1": [], "2x4": []}).items():
+        # uptraining on 2x4 with the plain rules, fine-tuning on 2x4 with FSDP
+        runs = (
+            {"1x1": [], "2x4_fsdp": ["--config.fsdp=True"]}
+            if recipe == "finetune"
+            else {"1x1": [], "2x4": []}
+        )
+        for name, extra in runs.items():
             cfg = run_config.load(file, [*common, *overrides, f"--config.mesh={name[:3]}", *extra])
             with tfds.testing.mock_data(num_examples=32):
                 summary = training.train(cfg, root / f"{recipe}_{name}")

@@ -1,7 +1,7 @@
 """Sharded loading: every checkpoint format restored with ``mesh=2x4`` on 8 simulated devices
 equals its one-device load, with each parameter in its rule-table sharding, and no read (nor any
 device) ever holding more of a sharded parameter than one device's block; uptraining and
-fine-tuning from a checkpoint on 2x4 (and fine-tuning with FSDP) end where one device's runs end."""
+fine-tuning (with FSDP) from a checkpoint on 2x4 end where one device's runs end."""
 
 import json
 import subprocess
@@ -47,7 +47,7 @@ def test_uptraining_and_fine_tuning_from_a_checkpoint_on_a_mesh_equal_one_device
     assert set(rows) == {"uptrain", "finetune"}
     for r in rows.values():
         assert r["steps"] == 2 and r["kind"] == "t5x", r
-        assert r["max_param_diff_2x4"] <= 1e-5 and r["wi_0_spec_2x4"] == ["None", "model"], r
-    # FSDP: the same fine-tuning with the parameters split over data as well
-    fsdp = rows["finetune"]
-    assert fsdp["max_param_diff_2x4_fsdp"] <= 1e-5 and fsdp["wi_0_spec_2x4_fsdp"] == ["data", "model"], fsdp
+    up, fine = rows["uptrain"], rows["finetune"]
+    assert up["max_param_diff_2x4"] <= 1e-5 and up["wi_0_spec_2x4"] == ["None", "model"], up
+    # fine-tuning on the mesh with FSDP: the parameters split over data as well
+    assert fine["max_param_diff_2x4_fsdp"] <= 1e-5 and fine["wi_0_spec_2x4_fsdp"] == ["data", "model"], fine

@@ -57,7 +57,11 @@ Shapes = dict[str, tuple[int, ...]]
 
 
 def load_hf_t5(
-    path: str | os.PathLike, *, dtype: str = "float32", mesh: Mesh | None = None
+    path: str | os.PathLike,
+    *,
+    dtype: str = "float32",
+    mesh: Mesh | None = None,
+    param_dtype: str | None = None,
 ) -> tuple[T5, ModelConfig]:
     """Load the HF T5 checkpoint directory ``path`` as ``(model, config)``.
 
@@ -66,13 +70,15 @@ def load_hf_t5(
     created sharded by the rule table. Raises ``FileNotFoundError`` for a missing directory /
     file, ``ValueError`` for anything that does not map (listing every missing, unexpected and
     mis-shaped tensor at once).
+    ``param_dtype`` (e.g. ``"bfloat16"`` for decoding) casts every parameter as it is read, so no
+    device ever holds the stored-dtype copy; None keeps the stored dtype.
     """
     directory = Path(path)
     hf = _read_config(directory)
     with _open_weights(directory) as (flavour, shapes, dtypes, reader):
         stored = set(dtypes.values())
-        param_dtype = stored.pop() if len(stored) == 1 and stored <= set(_DTYPES.values()) else "float32"
-        config = _model_config(hf, dtype=dtype, param_dtype=param_dtype, tie_word_embeddings=False)
+        as_stored = stored.pop() if len(stored) == 1 and stored <= set(_DTYPES.values()) else "float32"
+        config = _model_config(hf, dtype=dtype, param_dtype=as_stored, tie_word_embeddings=False)
         tensors = tensor_map(config, flavour)
         optional = (*_ALIASES, _UNUSED) if flavour == SAFETENSORS else ()
         head_name = "lm_head.weight" if flavour == SAFETENSORS else "lm_head.kernel"
@@ -104,7 +110,9 @@ def load_hf_t5(
                 "tie_word_embeddings) but lm_head.weight differs from shared.weight; our T5 scales "
                 "only with tied embeddings, so this checkpoint is not representable."
             )
-        config = config.replace(tie_word_embeddings=bool(scale))
+        config = config.replace(
+            tie_word_embeddings=bool(scale), param_dtype=param_dtype or config.param_dtype
+        )
         extra = {}
         if not config.tie_word_embeddings:  # lm_head [D, V]: its own tensor, or a copy of shared
             if separate_head:

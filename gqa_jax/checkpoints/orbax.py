@@ -91,9 +91,13 @@ def save(
     return path
 
 
-def load(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, ModelConfig]:
+def load(
+    path: str | os.PathLike, *, mesh: Mesh | None = None, param_dtype: str | None = None
+) -> tuple[T5, ModelConfig]:
     """Rebuild ``(model, config)`` from a directory written by :func:`save`; with ``mesh`` each
-    parameter is restored straight into its rule-table sharding (orbax reads each device's slice)."""
+    parameter is restored straight into its rule-table sharding (orbax reads each device's slice).
+    ``param_dtype`` (e.g. ``"bfloat16"`` for decoding) casts every parameter as it is read, so no
+    device ever holds the stored-dtype copy; None keeps the stored dtype."""
     path = paths.local(path, "checkpoint")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: the path does not exist")
@@ -115,6 +119,10 @@ def load(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, Mode
         raise ValueError(f"{path / CONFIG}: invalid model config: {e}") from e
 
     target = nnx.to_pure_dict(nnx.state(model_lib.abstract(config), nnx.Param))  # ShapeDtypeStructs
+    expected = dict(_flatten(target))  # the stored dtype
+    if param_dtype:
+        config = config.replace(param_dtype=param_dtype)
+        target = nnx.to_pure_dict(nnx.state(model_lib.abstract(config), nnx.Param))  # orbax casts on restore
     if mesh is not None:
         shardings = sharding.param_shardings(target, mesh)[0]
         target = jax.tree.map(
@@ -125,7 +133,7 @@ def load(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, Mode
             stored = checkpointer.metadata(path / PARAMS).item_metadata.tree
         except Exception as e:
             raise ValueError(f"{path / PARAMS}: cannot read the orbax parameter metadata: {e}") from e
-        _check_matches(dict(_flatten(target)), dict(_flatten(stored)), path)
+        _check_matches(expected, dict(_flatten(stored)), path)
         params = checkpointer.restore(path / PARAMS, target)
     return model_lib.build(config, params), config
 

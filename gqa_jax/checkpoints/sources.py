@@ -38,19 +38,22 @@ def kind_of(path: str | os.PathLike) -> str | None:
     return t5x.layout_of(path)
 
 
-def load_any(path: str | os.PathLike, *, mesh: Mesh | None = None) -> tuple[T5, ModelConfig, str]:
+def load_any(
+    path: str | os.PathLike, *, mesh: Mesh | None = None, param_dtype: str | None = None
+) -> tuple[T5, ModelConfig, str]:
     """Load ``path`` as ``(model, config, kind)``, ``kind`` one of ``KINDS``; with ``mesh`` the
-    parameters are created sharded (each device reading its block where the format allows)."""
+    parameters are created sharded (each device reading its block where the format allows), with
+    ``param_dtype`` cast to it as they are read (e.g. ``"bfloat16"`` for decoding)."""
     path = paths.local(path, "source")
     if not path.exists():
         raise FileNotFoundError(f"source {path} does not exist")
     kind = kind_of(path)
     if kind == "gqa_jax":
-        model, config = orbax.load(path, mesh=mesh)
+        model, config = orbax.load(path, mesh=mesh, param_dtype=param_dtype)
     elif kind in ("huggingface", "huggingface_flax"):
-        model, config = hf.load_hf_t5(path, mesh=mesh)
+        model, config = hf.load_hf_t5(path, mesh=mesh, param_dtype=param_dtype)
     elif kind in (t5x.LEGACY, t5x.ORBAX):
-        model, config = t5x.load_t5x(path, mesh=mesh)
+        model, config = t5x.load_t5x(path, mesh=mesh, param_dtype=param_dtype)
     else:
         raise ValueError(f"source {path} is not a checkpoint: expected " + "; or ".join(_DESCRIPTIONS))
     return model, config, kind

@@ -79,6 +79,7 @@ def load_t5x(
     config: ModelConfig | None = None,
     dtype: str = "float32",
     mesh: Mesh | None = None,
+    param_dtype: str | None = None,
 ) -> tuple[T5, ModelConfig]:
     """Load the T5X checkpoint directory ``path`` (``checkpoint_N``, legacy or orbax layout) as
     ``(model, config)``.
@@ -88,6 +89,8 @@ def load_t5x(
     every parameter is created sharded by the rule table, each device reading only its block.
     Raises ``FileNotFoundError`` when ``path`` is not a T5X checkpoint and ``ValueError`` listing
     every missing, unexpected and mis-shaped tensor at once.
+    ``param_dtype`` (e.g. ``"bfloat16"`` for decoding) casts every parameter as it is read, so no
+    device ever holds the stored-dtype copy; None keeps the stored dtype.
     """
     _, stores = open_t5x(path)
     shapes = {name: tuple(store.shape) for name, store in stores.items()}
@@ -104,6 +107,7 @@ def load_t5x(
             raise ValueError(f"T5X checkpoint {path}: cannot read {name}: {e}") from e
         return block.view(ml_dtypes.bfloat16) if store.dtype.numpy_dtype == np.uint16 else block
 
+    config = config.replace(param_dtype=param_dtype or config.param_dtype)
     params = layout.materialize(tensors, reader, config, mesh=mesh)
     return model_lib.build(config, params), config
 

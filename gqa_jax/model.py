@@ -17,7 +17,10 @@ Rematerialization (``config.remat``): with teacher forcing each layer runs under
 ``nnx.remat`` (``jax.checkpoint``), keeping for the backward pass only what the policy saves --
 ``full``: the layer's inputs; ``save_dots``: every matmul output; ``save_dots_no_batch``: the
 projections (matmuls without batch dimensions), recomputing the attention scores -- and
-recomputing the rest. Decoding has no backward pass and runs the layers plainly.
+recomputing the rest. Scanned layers (``config.scan_layers``): with teacher forcing each stack
+stacks its layers' parameters inside the step and runs them as one ``lax.scan``, so one layer is
+compiled instead of L (the parameters stay per layer, in the checkpoint as here). Decoding has
+no backward pass and runs the layers one by one.
 
 Packed examples (several documents in one row, see ``gqa_jax.data.pipeline``) pass segment ids
 (1, 2, ... per document, 0 for padding): every attention is then also masked to its own

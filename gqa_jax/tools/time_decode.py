@@ -136,11 +136,9 @@ def load_model(path: str, dtype: str) -> tuple[ModelConfig, Any]:
     """A gqa_jax checkpoint's ``(config, model)``, parameters and activations cast to ``dtype``."""
     from gqa_jax import checkpoints
 
-    stored, config = checkpoints.load(path)
-    config = config.replace(dtype=dtype, param_dtype=dtype)
-    params = nnx.to_pure_dict(nnx.state(stored, nnx.Param))
-    params = jax.tree.map(lambda x: x.astype(dtype), params)
-    return config, model_lib.build(config, params)
+    model, config = checkpoints.load(path, param_dtype=dtype)  # cast as read: no stored-dtype copy
+    config = config.replace(dtype=dtype)
+    return config, model_lib.build(config, model)
 
 
 # ----------------------------------------------------------------------------- the batch

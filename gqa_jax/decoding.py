@@ -119,7 +119,13 @@ def validate_inputs(
     ids = encoder_input_ids
     spread = isinstance(ids, jax.Array) and not ids.is_fully_addressable
     if not spread:
-        ids = np.asarray(ids)
+        try:
+            ids = np.asarray(ids)
+        except ValueError as e:  # ragged Python lists
+            raise ValueError(
+                "encoder_input_ids must be a rectangular [batch, length] array; rows of different "
+                f"lengths must be padded with 0 to one length ({e})"
+            ) from e
     if ids.ndim != 2:
         raise ValueError(f"encoder_input_ids must be [batch, length]; got shape {ids.shape}")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
@@ -317,6 +323,24 @@ def greedy_decode(
     )
 
 
+def _check_sampling(temperature: Any, top_k: Any, top_p: Any, vocab_size: int) -> None:
+    """Sampling settings on the host: a NaN or infinite temperature would silently give pad
+    tokens, a top_k above the vocabulary fails inside the compiled loop."""
+    problems = []
+    if not isinstance(temperature, int | float | np.floating | np.integer) or not np.isfinite(temperature):
+        problems.append(f"temperature={temperature!r} must be a finite number >= 0 (0 is greedy)")
+    elif temperature < 0:
+        problems.append(f"temperature={temperature!r} must be >= 0 (0 is greedy)")
+    if not isinstance(top_k, int | np.integer) or isinstance(top_k, bool) or not 0 <= top_k <= vocab_size:
+        problems.append(
+            f"top_k={top_k!r} must be an integer in [0, {vocab_size}] (0: no top-k; the vocabulary)"
+        )
+    if not isinstance(top_p, int | float | np.floating) or not 0.0 < top_p <= 1.0:  # NaN fails this too
+        problems.append(f"top_p={top_p!r} must be in (0, 1]")
+    if problems:
+        raise ValueError("sample_decode: " + "; ".join(problems))
+
+
 def sample_decode(
     model: ModelLike,
     encoder_input_ids: Any,
@@ -340,10 +364,7 @@ def sample_decode(
     ids = validate_inputs(
         config_of(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
     )
-    if temperature < 0 or not 0.0 < top_p <= 1.0 or top_k < 0:
-        raise ValueError(
-            f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}"
-        )
+    _check_sampling(temperature, top_k, top_p, config_of(model).vocab_size)
     if temperature > 0 and key is None:
         raise ValueError("sampling needs an explicit PRNG key: sample_decode(..., key=jax.random.key(0))")
     params, ids = place(params, ids, mesh, rules, config_of(model), int(max_decode_len))

@@ -276,6 +276,19 @@ def test_bad_inputs_raise_clear_errors():
     )
     with pytest.raises(ValueError, match="sampling needs an explicit PRNG key"):
         decoding.sample_decode(m, ENC, MAX, temperature=1.0)
+    key = jax.random.key(0)
+    for kwargs, message in [
+        ({"temperature": float("nan")}, "temperature=nan must be a finite number"),
+        ({"temperature": float("inf")}, "temperature=inf must be a finite number"),
+        ({"temperature": -0.5}, r"temperature=-0.5 must be >= 0"),
+        ({"top_k": V + 1}, rf"top_k={V + 1} must be an integer in \[0, {V}\]"),
+        ({"top_p": float("nan")}, r"top_p=nan must be in \(0, 1\]"),
+        ({"top_p": 0.0, "top_k": -1}, r"top_k=-1 .*; top_p=0.0 must be in"),  # every problem at once
+    ]:
+        with pytest.raises(ValueError, match=message):
+            decoding.sample_decode(m, ENC, MAX, key=key, **kwargs)
+    with pytest.raises(ValueError, match="rectangular .* padded with 0 to one length"):
+        decoding.greedy_decode(m, [[3, 4, 5], [6, 7]], MAX)  # ragged rows
     with pytest.raises(ValueError, match="beam_size=0"):
         beam_search(m, ENC, MAX, beam_size=0)
     other = tiny(1)

@@ -326,16 +326,20 @@ def greedy_decode(
 def _check_sampling(temperature: Any, top_k: Any, top_p: Any, vocab_size: int) -> None:
     """Sampling settings on the host: a NaN or infinite temperature would silently give pad
     tokens, a top_k above the vocabulary fails inside the compiled loop."""
+
+    def number(x: Any) -> float:  # Python, numpy or 0-d JAX scalars; NaN for anything else
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            return float("nan")
+
     problems = []
-    if not isinstance(temperature, int | float | np.floating | np.integer) or not np.isfinite(temperature):
+    t = number(temperature)
+    if not np.isfinite(t) or t < 0:
         problems.append(f"temperature={temperature!r} must be a finite number >= 0 (0 is greedy)")
-    elif temperature < 0:
-        problems.append(f"temperature={temperature!r} must be >= 0 (0 is greedy)")
     if not isinstance(top_k, int | np.integer) or isinstance(top_k, bool) or not 0 <= top_k <= vocab_size:
-        problems.append(
-            f"top_k={top_k!r} must be an integer in [0, {vocab_size}] (0: no top-k; the vocabulary)"
-        )
-    if not isinstance(top_p, int | float | np.floating) or not 0.0 < top_p <= 1.0:  # NaN fails this too
+        problems.append(f"top_k={top_k!r} must be an integer in [0, {vocab_size}] (0: no top-k)")
+    if not 0.0 < number(top_p) <= 1.0:  # NaN fails this too
         problems.append(f"top_p={top_p!r} must be in (0, 1]")
     if problems:
         raise ValueError("sample_decode: " + "; ".join(problems))

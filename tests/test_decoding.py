@@ -280,7 +280,7 @@ def test_bad_inputs_raise_clear_errors():
     for kwargs, message in [
         ({"temperature": float("nan")}, "temperature=nan must be a finite number"),
         ({"temperature": float("inf")}, "temperature=inf must be a finite number"),
-        ({"temperature": -0.5}, r"temperature=-0.5 must be >= 0"),
+        ({"temperature": -0.5}, r"temperature=-0.5 must be a finite number >= 0"),
         ({"top_k": V + 1}, rf"top_k={V + 1} must be an integer in \[0, {V}\]"),
         ({"top_p": float("nan")}, r"top_p=nan must be in \(0, 1\]"),
         ({"top_p": 0.0, "top_k": -1}, r"top_k=-1 .*; top_p=0.0 must be in"),  # every problem at once

@@ -96,8 +96,8 @@ def load(
 ) -> tuple[T5, ModelConfig]:
     """Rebuild ``(model, config)`` from a directory written by :func:`save`; with ``mesh`` each
     parameter is restored straight into its rule-table sharding (orbax reads each device's slice).
-    ``param_dtype`` (e.g. ``"bfloat16"`` for decoding) casts every parameter as it is read, so no
-    device ever holds the stored-dtype copy; None keeps the stored dtype."""
+    ``param_dtype`` (e.g. ``"bfloat16"`` for decoding) is the dtype orbax restores into (it casts
+    as it restores); None keeps the stored dtype."""
     path = paths.local(path, "checkpoint")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: the path does not exist")

@@ -52,6 +52,16 @@ def nest(flat: dict[str, object]) -> dict:
     return traversals.unflatten_mapping({tuple(k.split(".")): v for k, v in flat.items()})
 
 
+# Each stack's attention sub-layers: (ours, HF module, T5X attention, T5X layer norm), in order.
+SUBLAYERS = {
+    "encoder": [("attn", "SelfAttention", "attention", "pre_attention_layer_norm")],
+    "decoder": [
+        ("self_attn", "SelfAttention", "self_attention", "pre_self_attention_layer_norm"),
+        ("cross_attn", "EncDecAttention", "encoder_decoder_attention", "pre_cross_attention_layer_norm"),
+    ],
+}
+
+
 def t5x_from_ours(source, *, split_query: bool = False) -> dict[str, np.ndarray]:
     """Our model's weights under T5X / Flaxformer names: kernels with heads merged (the query 3-D
     when ``split_query``), a single K/V head as Flaxformer's multi-query ``[D, H]``."""
@@ -61,16 +71,9 @@ def t5x_from_ours(source, *, split_query: bool = False) -> dict[str, np.ndarray]
     for stack, layers in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
         t[f"{stack}.relpos_bias.rel_embedding"] = ours[f"{stack}.relpos.embedding"].T  # [N, buckets]
         t[f"{stack}.{stack}_norm.scale"] = ours[f"{stack}.final_norm.scale"]
-        if stack == "encoder":
-            subs = [("attn", "attention", "pre_attention_layer_norm")]
-        else:
-            subs = [
-                ("self_attn", "self_attention", "pre_self_attention_layer_norm"),
-                ("cross_attn", "encoder_decoder_attention", "pre_cross_attention_layer_norm"),
-            ]
         for i in range(layers):
             a, b = f"{stack}.layers.{i}", f"{stack}.layers_{i}"
-            for mine, attn, norm in subs:
+            for mine, _, attn, norm in SUBLAYERS[stack]:
                 q = ours[f"{a}.{mine}.query"]  # [D, N, H]
                 t[f"{b}.{attn}.query.kernel"] = q if split_query else q.reshape(q.shape[0], -1)
                 for kv in ("key", "value"):

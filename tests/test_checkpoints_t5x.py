@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="the parity tests need torch (CPU) t
 transformers = pytest.importorskip("transformers", reason="the parity tests need transformers>=5")
 
 from hf_models import DEC_LAYERS, DKV, ENC_LAYERS, D, F, N, V, batch, max_logit_diff, tiny_hf_t5  # noqa: E402
-from t5x_files import nest, t5x_from_ours, write_legacy, write_orbax  # noqa: E402
+from t5x_files import SUBLAYERS, nest, t5x_from_ours, write_legacy, write_orbax  # noqa: E402
 
 HF_TO_T5X_ATTENTION = {"q": "query", "k": "key", "v": "value", "o": "out"}
 
@@ -47,16 +47,10 @@ def t5x_tensors(hf) -> dict[str, np.ndarray]:
         rel = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         out[f"{stack}.relpos_bias.rel_embedding"] = w[rel].T  # HF [buckets, N] -> T5X [N, buckets]
         out[f"{stack}.{stack}_norm.scale"] = w[f"{stack}.final_layer_norm.weight"]
-        if stack == "encoder":
-            subs = [("SelfAttention", "attention", "pre_attention_layer_norm")]
-        else:
-            subs = [
-                ("SelfAttention", "self_attention", "pre_self_attention_layer_norm"),
-                ("EncDecAttention", "encoder_decoder_attention", "pre_cross_attention_layer_norm"),
-            ]
+        subs = SUBLAYERS[stack]
         for i in range(layers):
             hf_layer, t5x_layer = f"{stack}.block.{i}.layer", f"{stack}.layers_{i}"
-            for j, (hf_attn, attn, norm) in enumerate(subs):
+            for j, (_, hf_attn, attn, norm) in enumerate(subs):
                 for p, q in HF_TO_T5X_ATTENTION.items():
                     out[f"{t5x_layer}.{attn}.{q}.kernel"] = w[f"{hf_layer}.{j}.{hf_attn}.{p}.weight"].T
                 out[f"{t5x_layer}.{norm}.scale"] = w[f"{hf_layer}.{j}.layer_norm.weight"]

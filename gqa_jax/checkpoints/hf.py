@@ -76,8 +76,7 @@ def load_hf_t5(
     directory = Path(path)
     hf = _read_config(directory)
     with _open_weights(directory) as (flavour, shapes, dtypes, reader):
-        stored = set(dtypes.values())
-        as_stored = stored.pop() if len(stored) == 1 and stored <= set(_DTYPES.values()) else "float32"
+        as_stored = layout.stored_dtype(dtypes.values())
         config = _model_config(hf, dtype=dtype, param_dtype=as_stored, tie_word_embeddings=False)
         tensors = tensor_map(config, flavour)
         optional = (*_ALIASES, _UNUSED) if flavour == SAFETENSORS else ()

@@ -34,7 +34,7 @@ from jax.sharding import Mesh
 
 from gqa_jax import model as model_lib
 from gqa_jax import sharding
-from gqa_jax.config import ModelConfig
+from gqa_jax.config import DTYPES, ModelConfig
 
 Index = tuple[slice, ...]
 Reader = Callable[[str, Index], np.ndarray]  # (stored name, index into the stored tensor) -> block
@@ -91,6 +91,13 @@ def _bounds(index: Index, shape: tuple[int, ...]) -> list[tuple[int, int]]:
             raise ValueError(f"a strided slice {s} cannot be read from a checkpoint")
         bounds.append((start, stop))
     return bounds
+
+
+def stored_dtype(dtypes: Iterable[str]) -> str:
+    """The parameter dtype of a checkpoint whose tensors have ``dtypes``: theirs when they all
+    share one of ours, else float32."""
+    found = set(dtypes)
+    return found.pop() if len(found) == 1 and found <= set(DTYPES) else "float32"
 
 
 def check(

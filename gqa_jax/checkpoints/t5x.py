@@ -60,7 +60,6 @@ from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
 
 LEGACY, ORBAX = "t5x", "t5x_orbax"  # the two layouts, as `kind`s
-_DTYPES = ("float32", "bfloat16", "float16")
 # our attention kind -> (T5X stack, T5X layer norm, T5X attention, our norm, our attention)
 _STACKS = {
     "encoder_self": ("encoder", "pre_attention_layer_norm", "attention", "attn_norm", "attn"),
@@ -260,8 +259,6 @@ def infer_config(
         )
     layers = {stack: {int(m.group(2)) for m in map(_LAYER.match, shapes) if m and m.group(1) == stack}
               for stack in ("encoder", "decoder")}  # fmt: skip
-    stored = set(dtypes.values())
-    param_dtype = stored.pop() if len(stored) == 1 and stored <= set(_DTYPES) else "float32"
     fields = {"grouped_attentions": grouped} if grouped else {}
     return ModelConfig(
         vocab_size=V,
@@ -276,7 +273,7 @@ def infer_config(
         tie_word_embeddings="decoder.logits_dense.kernel" not in shapes,
         mlp_activation="gated-gelu" if gated else "relu",
         dtype=dtype,
-        param_dtype=param_dtype,
+        param_dtype=layout.stored_dtype(dtypes.values()),
         **fields,
     )
 

@@ -209,15 +209,15 @@ def convert_checkpoint(
     attentions: tuple[str, ...] | list[str] = DEFAULT_ATTENTIONS,
     seed: int = 0,
     overwrite: bool = False,
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Any, dict[str, Any]]:
     """Convert the checkpoint ``src`` and save it with ``manifest.json`` at ``dst``.
 
     Never writes into ``src``; an existing ``dst`` is refused unless ``overwrite`` (and even
     then only a gqa_jax checkpoint is replaced). The destination appears complete or not at all.
     Returns ``(dst, manifest)``.
     """
-    src_path = paths.local(src, "source").resolve()
-    dst_path = paths.local(dst, "destination").resolve()
+    src_path, dst_path = paths.resolve(src, "source"), paths.resolve(dst, "destination")
+    src_path, dst_path = (p if paths.is_remote(p) else p.resolve() for p in (src_path, dst_path))
     if src_path == dst_path or src_path in dst_path.parents or dst_path in src_path.parents:
         raise ValueError(
             f"destination {dst_path} and source {src_path} overlap; the source is never written "
@@ -251,7 +251,7 @@ def check_conversion(dst: str | os.PathLike) -> list[str]:
     gives the destination's config, group map and parameters bit for bit, and that the
     destination's parameters hash as recorded.
     """
-    dst_path = Path(dst).expanduser().absolute()
+    dst_path = paths.resolve(dst, "converted checkpoint")
     if not (dst_path / MANIFEST).is_file():
         raise ValueError(f"{dst_path} has no {MANIFEST}: it is not a checkpoint written by convert")
     try:

@@ -1,4 +1,4 @@
-"""Evaluation metrics (ROUGE, BLEU, F1/EM) and the run's metric writers (JSONL + TensorBoard).
+"""Evaluation metrics (ROUGE, BLEU, F1/EM); the run's metric files are in ``metric_writers``.
 
 Scoring follows what the GQA paper reports after greedy decoding: ROUGE-1 for summarization
 (CNN/DailyMail, arXiv, PubMed, MediaSum, MultiNews), BLEU for WMT'14 En-De, F1 for TriviaQA, each
@@ -17,30 +17,16 @@ length and returns a dict of plain Python floats on a 0-100 scale; ``PRIMARY`` n
 key of each (the number used to keep the best checkpoint)::
 
     score("rouge", ["the cat sat"], ["the cat sat down"])  # {"rouge1": 85.7, "rouge2": ..., ...}
-
-Writers: ``MetricWriter`` appends one JSON line per ``write`` to ``workdir/metrics.jsonl`` (and
-mirrors the scalars to TensorBoard under ``workdir/tensorboard/``); ``read_metrics`` reads them
-back; ``write_decodes`` stores decoded examples as JSONL, atomically. Non-finite values are
-written as the JSON strings ``"nan"``, ``"inf"`` and ``"-inf"`` (strict JSON has no NaN, and null
-would lose inf vs nan); ``read_metrics`` turns them back into floats.
-
-In a multi-host run, create writers on process 0 only.
 """
 
 from __future__ import annotations
 
 import collections
 import importlib
-import json
-import math
-import operator
-import os
 import re
 import string
 import sys
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -49,13 +35,11 @@ import numpy as np
 # rouge_score (with nltk) and sacrebleu load when a score is computed (about 1.5 s of every
 # training process's start otherwise, pre-training included).
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 ROUGE_BOOTSTRAP_SEED = 0  # numpy seed of the ROUGE bootstrap (see _bootstrap_mid)
 
 
-def _import_without(name: str, unused: tuple[str, ...]) -> ModuleType:
+def import_without(name: str, unused: tuple[str, ...]) -> ModuleType:
     """``import name`` with the optional packages ``unused`` hidden while it loads, each only if
     not loaded already. tensorboardX imports torch when torch is installed (to accept torch
     tensors; scalars never need it), and rouge_score's nltk imports scipy.stats (for a collocation
@@ -73,7 +57,7 @@ def _import_without(name: str, unused: tuple[str, ...]) -> ModuleType:
 
 
 def _rouge_module(name: str) -> ModuleType:
-    return _import_without(f"rouge_score.{name}", ("scipy.stats",))
+    return import_without(f"rouge_score.{name}", ("scipy.stats",))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,193 +282,3 @@ def score(metric_name: str, predictions: Sequence[str], references: Sequence[Any
     if metric_name not in METRICS:
         raise ValueError(f"unknown metric {metric_name!r}; known metrics: {sorted(METRICS)}")
     return METRICS[metric_name](predictions, references)
-
-
-# ----------------------------------------------------------------------------------------------
-# Writers
-# ----------------------------------------------------------------------------------------------
-
-_JSON_TO_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def _to_number(key: str, value: Any) -> int | float:
-    """A Python int or float from a Python, numpy or jax scalar (0-d array); bool counts as int."""
-    array = np.asarray(value)
-    if array.ndim != 0:
-        raise ValueError(f"metric {key!r} must be a scalar, got shape {array.shape}")
-    kind, name = array.dtype.kind, array.dtype.name
-    if kind in "biu":
-        return int(array)
-    if kind == "f" or name.startswith(("bfloat", "float")):  # ml_dtypes (bfloat16, float8_*) are kind "V"
-        return float(array)
-    raise ValueError(f"metric {key!r} must be a real number, got {value!r} of dtype {array.dtype}")
-
-
-def _encode(value: int | float) -> int | float | str:
-    """JSON-safe value: non-finite floats become the strings "nan", "inf", "-inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)  # "nan", "inf" or "-inf"
-    return value
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, str) and value in _JSON_TO_NONFINITE:
-        return _JSON_TO_NONFINITE[value]
-    return value
-
-
-def _repair_tail(path: Path) -> None:
-    """Make a file that a crash left without its final newline end in one, so appends stay lines.
-
-    A complete JSON record that only misses its newline is kept; a half-written one is cut off
-    (with a warning): it holds no recoverable data, and appending after it would corrupt the
-    next record. Nothing before the last newline is ever touched.
-    """
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n":
-            return
-    data = path.read_bytes()  # Only after a crash: read it all to find the last newline.
-    start = data.rfind(b"\n") + 1
-    tail = data[start:]
-    try:
-        json.loads(tail)
-    except ValueError:
-        warnings.warn(
-            f"{path}: dropping a half-written last line ({len(tail)} bytes): {tail[:80]!r}", stacklevel=3
-        )
-        with open(path, "r+b") as f:
-            f.truncate(start)
-        return
-    with open(path, "ab") as f:
-        f.write(b"\n")
-
-
-class MetricWriter:
-    """Appends scalar metrics to ``workdir/metrics.jsonl`` and TensorBoard (``workdir/tensorboard``).
-
-    Each ``write(step, scalars)`` adds one line ``{"step": step, **scalars}``, flushed at once, so a
-    resumed run keeps appending to the same file (an existing file is never truncated; only a
-    half-written last line left by a crash is dropped). Values may be Python, numpy or jax
-    scalars; non-finite ones are stored as "nan" / "inf" / "-inf" (see the module docstring).
-    Usable as a context manager.
-    """
-
-    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True):
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.path = self.workdir / METRICS_FILE
-        _repair_tail(self.path)
-        self._file = open(self.path, "a", encoding="utf-8")
-        self._tensorboard = None
-        if tensorboard:
-            SummaryWriter = _import_without("tensorboardX", ("torch",)).SummaryWriter
-
-            self._tensorboard = SummaryWriter(logdir=str(self.workdir / TENSORBOARD_DIR))
-
-    def write(self, step: int, scalars: Mapping[str, Any]) -> None:
-        """Appends ``{"step": step, **scalars}`` as one JSON line and to TensorBoard."""
-        if self._file is None:
-            raise ValueError(f"MetricWriter for {self.path} is closed")
-        try:
-            step = operator.index(step)
-        except TypeError:
-            raise ValueError(f"step must be an integer, got {step!r}") from None
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
-        if "step" in scalars:
-            raise ValueError("scalars must not contain the key 'step' (it is the write's step argument)")
-        values = {}
-        for key, value in scalars.items():
-            if not isinstance(key, str):
-                raise ValueError(f"metric names must be strings, got {key!r}")
-            values[key] = _to_number(key, value)
-        record = {"step": step, **{key: _encode(value) for key, value in values.items()}}
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
-        if self._tensorboard is not None:
-            for key, value in values.items():
-                self._tensorboard.add_scalar(key, value, global_step=step)
-            self._tensorboard.flush()
-
-    def close(self) -> None:
-        """Closes the files; closing twice is fine."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
-
-    def __enter__(self) -> MetricWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def read_metrics(path_or_workdir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl (or of ``workdir/metrics.jsonl``), in file order.
-
-    "nan" / "inf" / "-inf" strings come back as floats. A malformed last line (a crash mid-write)
-    is skipped with a warning; a malformed line before it raises ``ValueError``.
-    """
-    path = Path(path_or_workdir)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    lines = path.read_text(encoding="utf-8").splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as e:
-            if number == len(lines):
-                warnings.warn(
-                    f"{path}: skipping a malformed last line {number} (half-written?): {e}", stacklevel=2
-                )
-                break
-            raise ValueError(f"{path}: line {number} is not valid JSON: {e}") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}: line {number} is not a JSON object: {line[:80]!r}")
-        records.append({key: _decode(value) for key, value in record.items()})
-    return records
-
-
-def write_decodes(
-    path: str | os.PathLike,
-    inputs: Sequence[str],
-    predictions: Sequence[str],
-    references: Sequence[Any],
-) -> Path:
-    """Writes decoded examples as JSONL ``{"input", "prediction", "reference"}``, atomically.
-
-    ``references[i]`` may be a string or a list of strings (TriviaQA aliases). The file is written
-    to a temporary file next to ``path`` and renamed over it, so readers never see a partial file.
-    Returns the path.
-    """
-    if not len(inputs) == len(predictions) == len(references):
-        raise ValueError(
-            f"inputs, predictions and references differ in length: "
-            f"{len(inputs)}, {len(predictions)}, {len(references)}"
-        )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # Same directory, so the rename is atomic.
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for input_, prediction, reference in zip(inputs, predictions, references, strict=True):
-                if not isinstance(reference, str):
-                    reference = list(reference)
-                record = {"input": input_, "prediction": prediction, "reference": reference}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path

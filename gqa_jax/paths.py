@@ -1,27 +1,87 @@
-"""Paths the user gives (workdirs, checkpoints, sweep roots): local or mounted directories.
+"""Paths the user gives (workdirs, checkpoints, conversion outputs, sweep roots): a local
+directory or a Google Cloud Storage URL (``gs://bucket/run``).
 
-Remote URLs such as ``gs://bucket/run`` are not supported yet, and ``pathlib`` would quietly turn
-one into a local directory named ``gs:`` under the current directory, where a TPU worker's run is
-lost. ``local`` refuses URLs (and empty strings) with an error that says what to do instead.
+``resolve`` returns an ``etils.epath.Path``: a local path made absolute (``~`` expanded), or the
+URL kept as a URL. ``pathlib`` would quietly turn ``gs://b/run`` into a local directory ``gs:/b/run``
+under the current directory, where a TPU worker's run is lost; an ``epath.Path`` reads and writes
+the bucket itself (through gcsfs), and TensorStore and orbax write arrays there directly.
+
+Object stores differ from a disk in two ways the writers here care about: an object is written
+whole (there is no append, so a growing file is rewritten, see ``append_text``), and a rename is a
+copy and a delete (so an atomic rename of a directory is not available, see ``is_remote``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
-from pathlib import Path
+from typing import Any
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+from etils import epath
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+SCHEMES = ("gs",)  # the URL schemes tested here (gcsfs for files, TensorStore's gcs driver for arrays)
 
 
-def local(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as an absolute local ``Path`` (``~`` expanded); ``what`` names it in errors."""
+def resolve(path: str | os.PathLike, what: str) -> epath.Path:
+    """``path`` as an ``epath.Path``: absolute when local, the URL itself when remote; ``what``
+    names it in errors (an empty path, an unsupported URL scheme, gs:// without gcsfs)."""
     text = os.fspath(path)
     if not text:
-        raise ValueError(f"{what} is an empty path; give a directory, e.g. runs/my_run")
-    if _URL.match(text):
+        raise ValueError(f"{what} is an empty path; give a directory, e.g. runs/my_run or gs://bucket/run")
+    url = _URL.match(text)
+    if url is None:
+        return epath.Path(os.path.abspath(os.path.expanduser(text)))
+    scheme = url.group(1).lower()
+    if scheme not in SCHEMES:
         raise ValueError(
-            f"{what} {text!r} is a URL: remote paths are not supported yet. Use a local directory, "
-            "or mount the bucket (e.g. gcsfuse) and give its mount point."
+            f"{what} {text!r}: {scheme}:// paths are not supported; use a local directory or "
+            + " / ".join(f"{s}://bucket/path" for s in SCHEMES)
         )
-    return Path(text).expanduser().absolute()
+    if not text[len(url.group(0)) :].strip("/"):
+        raise ValueError(f"{what} {text!r} names no bucket: give gs://bucket/path")
+    if importlib.util.find_spec("gcsfs") is None and importlib.util.find_spec("tensorflow") is None:
+        raise ValueError(
+            f"{what} {text!r} is on Google Cloud Storage, which needs gcsfs: pip install gcsfs "
+            "(it is in requirements.txt)"
+        )
+    return epath.Path(text)
+
+
+def local(path: str | os.PathLike, what: str, why: str) -> epath.Path:
+    """``resolve`` for the paths that must be on this machine's disk; ``why`` says why in the error."""
+    if is_remote(path):
+        raise ValueError(f"{what} {os.fspath(path)!r} is a URL, but {why}: give a local directory")
+    return resolve(path, what)
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` (a string or path) is a URL such as ``gs://bucket/x``."""
+    return _URL.match(os.fspath(path)) is not None
+
+
+def append_text(file: epath.Path, text: str) -> None:
+    """Append ``text`` to ``file`` (created if missing). Locally an append; on an object store,
+    where objects are written whole, the object is rewritten with ``text`` added."""
+    if is_remote(file):
+        old = file.read_text() if file.exists() else ""
+        file.write_text(old + text)
+        return
+    with file.open("a") as f:
+        f.write(text)
+
+
+def move(src: epath.Path, dst: epath.Path) -> None:
+    """Move the file or directory ``src`` to ``dst`` (which must not exist)."""
+    if is_remote(src) or is_remote(dst):
+        # gcsfs directly: epath's rename wants dst's parent to exist, and an object store has no
+        # empty directories to make first. A copy and a delete per object.
+        import fsspec
+
+        fs, _ = fsspec.core.url_to_fs(os.fspath(src))
+        fs.mv(os.fspath(src), os.fspath(dst), recursive=True)
+        for instance in list(type(fs)._cache.values()):  # epath's own instance lists it too
+            instance.invalidate_cache()
+    else:
+        os.replace(src, dst)

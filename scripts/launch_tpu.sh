@@ -7,15 +7,15 @@
 # (`gcloud compute tpus tpu-vm ssh --worker=all`); gqa_jax then calls
 # jax.distributed.initialize(), which finds the other workers itself. DIR (default ~/gqa_jax)
 # must hold this repository on every worker (the first example below puts it there), and
-# --workdir must be shared by all workers (a filesystem mounted on every
-# worker; gs:// workdirs are not supported yet).
+# --workdir must be reachable by all workers: gs://bucket/run, or a filesystem
+# mounted on every worker.
 # --dry-run prints the commands instead of running them.
 #
 # Examples:
 #   scripts/launch_tpu.sh --tpu my-v4-32 --zone us-central2-b --repo '~' -- \
 #     'git clone YOUR_GQA_JAX_REMOTE gqa_jax && pip install -e ./gqa_jax "jax[tpu]"'
 #   scripts/launch_tpu.sh --tpu my-v4-32 --zone us-central2-b -- \
-#     python -m gqa_jax train --config configs/uptrain.py --workdir /nfs/runs/gqa8 --config.mesh=2x8
+#     python -m gqa_jax train --config configs/uptrain.py --workdir gs://MY_BUCKET/runs/gqa8 --config.mesh=2x8
 set -euo pipefail
 
 usage() {

@@ -103,7 +103,7 @@ def test_layout_and_relative_path(tmp_path, monkeypatch):
     assert load("ckpt")[1].tie_word_embeddings
     umask = os.umask(0)
     os.umask(umask)
-    assert path.stat().st_mode & 0o777 == 0o777 & ~umask  # not tempfile.mkdtemp's 0700
+    assert os.stat(path).st_mode & 0o777 == 0o777 & ~umask  # not tempfile.mkdtemp's 0700
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporaries left
 
 

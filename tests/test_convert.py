@@ -315,6 +315,7 @@ def src(tmp_path_factory, mha4) -> Path:
 
 
 def tree_bytes(path: Path) -> dict[str, bytes]:
+    path = Path(path)
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 

@@ -18,25 +18,23 @@ import sacrebleu
 from rouge_score import rouge_scorer, scoring
 
 from gqa_jax.data.tasks import TASKS
+from gqa_jax.metric_writers import MetricWriter, read_metrics, write_decodes
 from gqa_jax.metrics import (
     METRICS,
     PRIMARY,
     ROUGE_BOOTSTRAP_SEED,
     ROUGE_TYPES,
-    MetricWriter,
     _split_sentences,
     _t5_rouge_text,
     bleu,
     bleu_13a,
     normalize_squad,
     normalize_trivia_qa,
-    read_metrics,
     rouge,
     rouge_stemmed_mean,
     score,
     squad_f1_em,
     trivia_qa_f1_em,
-    write_decodes,
 )
 
 # ---------------------------------------------------------------------------------------------- fixtures
@@ -549,7 +547,7 @@ def test_import_without_hides_an_optional_package_only_while_loading(tmp_path, m
     """How tensorboardX loads without torch and rouge_score without scipy.stats (seconds of each
     training process's start): the hidden package reads as absent during the import, then
     imports as usual; a package loaded already is not hidden."""
-    from gqa_jax.metrics import _import_without
+    from gqa_jax.metrics import import_without
 
     (tmp_path / "opt_heavy.py").write_text("LOADED = True\n")
     (tmp_path / "uses_heavy.py").write_text(
@@ -558,8 +556,8 @@ def test_import_without_hides_an_optional_package_only_while_loading(tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("opt_heavy", "uses_heavy"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    assert _import_without("uses_heavy", ("opt_heavy",)).HEAVY is False
+    assert import_without("uses_heavy", ("opt_heavy",)).HEAVY is False
     assert "opt_heavy" not in sys.modules
     assert importlib.import_module("opt_heavy").LOADED  # importable again afterwards
     del sys.modules["uses_heavy"]
-    assert _import_without("uses_heavy", ("opt_heavy",)).HEAVY is True  # already loaded: kept
+    assert import_without("uses_heavy", ("opt_heavy",)).HEAVY is True  # already loaded: kept

@@ -14,7 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import xla_env
 
-from gqa_jax import metrics
+from gqa_jax import metric_writers
 
 REPO = Path(__file__).resolve().parents[1]
 N = 5
@@ -65,8 +65,8 @@ def test_sigkill_and_restart_continue_bitwise(suite_subset, small_vocab, tmp_pat
 
     subprocess.run(command(killed, data, small_vocab.path, 2 * N), cwd=REPO, env=env, check=True, timeout=600)
 
-    a = {m["step"]: m for m in metrics.read_metrics(full)}
-    b = {m["step"]: m for m in metrics.read_metrics(killed)}
+    a = {m["step"]: m for m in metric_writers.read_metrics(full)}
+    b = {m["step"]: m for m in metric_writers.read_metrics(killed)}
     assert sorted(b) == list(range(1, 2 * N + 1))  # lines the killed run logged past N were set aside
     for step in range(N + 1, 2 * N + 1):
         for key in (*COMPARED, "examples_seen"):
@@ -119,7 +119,7 @@ def test_two_process_train_on_a_2x4_mesh_resumes_exactly(suite_subset, small_voc
     ]  # fmt: skip
     outs = two_processes(args, env)
     assert "mesh {'data': 2, 'model': 4} over 2 process(es)" in outs[0]
-    first = metrics.read_metrics(wd)
+    first = metric_writers.read_metrics(wd)
     train_steps = [m["step"] for m in first if "train/loss" in m]
     assert train_steps == [1, 2, 3, 4]  # logged once: only process 0 writes
     assert [m["step"] for m in first if "eval/loss" in m] == [4]  # evaluated on the sharded params
@@ -131,7 +131,7 @@ def test_two_process_train_on_a_2x4_mesh_resumes_exactly(suite_subset, small_voc
     # recomputes are the point, and a second sharded decode compile costs a minute of CI
     outs = two_processes([a if a != "--config.eval_every=0" else "--config.eval_every=-1" for a in args], env)
     assert "from step 2" in outs[0]
-    again = {m["step"]: m for m in metrics.read_metrics(wd) if "train/loss" in m}
+    again = {m["step"]: m for m in metric_writers.read_metrics(wd) if "train/loss" in m}
     before = {m["step"]: m for m in first if "train/loss" in m}
     assert sorted(again) == [1, 2, 3, 4]
     for step in (3, 4):

@@ -11,7 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 from flax import nnx
 
-from gqa_jax import checkpoints, convert, metrics, run_config, training
+from gqa_jax import checkpoints, convert, metric_writers, run_config, training
 from gqa_jax.config import preset
 from gqa_jax.data import pipeline as pipeline_lib
 from gqa_jax.model import T5
@@ -107,7 +107,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(small_vocab, tmp_pat
     report = json.loads((tmp_path / "run" / "nan_step_3.json").read_text())
     assert report["last_checkpoint"] == 2 and report["batch"]["encoder_input_tokens"]["shape"] == [4, 64]
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
-    steps = [m["step"] for m in metrics.read_metrics(tmp_path / "run")]
+    steps = [m["step"] for m in metric_writers.read_metrics(tmp_path / "run")]
     assert steps == [1, 2]
 
 
@@ -116,7 +116,7 @@ def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab,
     run = tmp_path / "run"
     with tfds.testing.mock_data(num_examples=16):
         training.train(config, run)
-        before = {m["step"]: m for m in metrics.read_metrics(run)}
+        before = {m["step"]: m for m in metric_writers.read_metrics(run)}
         for f in (run / "checkpoints" / "4" / "state").rglob("*"):
             if f.is_file():
                 f.write_bytes(b"garbage")
@@ -126,7 +126,7 @@ def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab,
             training.train(config, run)
     assert any("checkpoint 4" in str(w.message) and "moved it" in str(w.message) for w in caught)
     assert len(list((run / "corrupt_checkpoints").iterdir())) == 1  # set aside, not deleted
-    after = {m["step"]: m for m in metrics.read_metrics(run)}
+    after = {m["step"]: m for m in metric_writers.read_metrics(run)}
     for step in (3, 4):  # recomputed from checkpoint 2: the same numbers as the first time
         for key in ("train/loss", "train/grad_norm", "train/accuracy"):
             assert after[step][key] == before[step][key]
@@ -165,7 +165,7 @@ def test_uptraining_converts_then_runs_alpha_times_original_steps(small_vocab, t
     with tfds.testing.mock_data(num_examples=16):
         summary = training.train(config, tmp_path / "run")
     assert summary["steps"] == summary["final_step"] == 3  # round(0.25 x 12)
-    rows = metrics.read_metrics(tmp_path / "run")
+    rows = metric_writers.read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     # the pre-training schedule continued from the source's step 12: 1/sqrt(12 + step)
     assert rows[0]["train/learning_rate"] == pytest.approx(12**-0.5)
@@ -188,7 +188,7 @@ def test_uptraining_converts_then_runs_alpha_times_original_steps(small_vocab, t
     with tfds.testing.mock_data(num_examples=16):
         summary = training.train(zero, tmp_path / "alpha0")
     assert summary["steps"] == summary["final_step"] == 0
-    rows = metrics.read_metrics(tmp_path / "alpha0")
+    rows = metric_writers.read_metrics(tmp_path / "alpha0")
     assert [r["step"] for r in rows] == [0] and np.isfinite(rows[0]["eval/loss"])
     saved = nnx.to_pure_dict(nnx.state(checkpoints.load(tmp_path / "alpha0" / "model")[0], nnx.Param))
     for x, y in zip(jax.tree.leaves(saved), jax.tree.leaves(expected), strict=True):

@@ -30,17 +30,18 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safetensors' numpy reader can return it)
 import numpy as np
+from etils import epath
 from flax import serialization
 from flax.nnx import traversals
 from jax.sharding import Mesh
 from safetensors import safe_open
 
 from gqa_jax import model as model_lib
+from gqa_jax import paths
 from gqa_jax.checkpoints import layout
 from gqa_jax.checkpoints.layout import Tensor
 from gqa_jax.config import ModelConfig
@@ -73,7 +74,7 @@ def load_hf_t5(
     ``param_dtype`` (e.g. ``"bfloat16"`` for decoding) casts every parameter as it is read, so no
     device ever holds the stored-dtype copy; None keeps the stored dtype.
     """
-    directory = Path(path)
+    directory = paths.resolve(path, "HF checkpoint")
     hf = _read_config(directory)
     with _open_weights(directory) as (flavour, shapes, dtypes, reader):
         as_stored = layout.stored_dtype(dtypes.values())
@@ -125,7 +126,7 @@ def load_hf_t5(
 
 def weights_flavour(directory: str | os.PathLike) -> str | None:
     """``"safetensors"`` or ``"flax"``: which weights ``load_hf_t5`` would read, None if neither."""
-    directory = Path(directory)
+    directory = epath.Path(directory)
     if (directory / "model.safetensors.index.json").is_file() or (directory / "model.safetensors").is_file():
         return SAFETENSORS
     return FLAX if (directory / FLAX_FILE).is_file() else None
@@ -146,7 +147,7 @@ def _describe(c: ModelConfig) -> str:
 
 
 @contextlib.contextmanager
-def _open_weights(directory: Path) -> Iterator[tuple[str, Shapes, dict[str, str], layout.Reader]]:
+def _open_weights(directory: epath.Path) -> Iterator[tuple[str, Shapes, dict[str, str], layout.Reader]]:
     """``(flavour, shapes, dtypes, reader)`` of ``directory``'s weights, open while in use."""
     flavour = weights_flavour(directory)
     if flavour == FLAX:
@@ -160,7 +161,8 @@ def _open_weights(directory: Path) -> Iterator[tuple[str, Shapes, dict[str, str]
     with contextlib.ExitStack() as stack:
         handles = {}  # tensor name -> open safetensors file
         for file in _safetensors_files(directory):
-            f = stack.enter_context(safe_open(str(file), framework="numpy"))
+            opener = _ObjectSafetensors if paths.is_remote(file) else safe_open
+            f = stack.enter_context(opener(os.fspath(file), framework="numpy"))
             for name in f.keys():
                 handles[name] = f
         slices = {n: f.get_slice(n) for n, f in handles.items()}
@@ -173,7 +175,7 @@ def _open_weights(directory: Path) -> Iterator[tuple[str, Shapes, dict[str, str]
         yield SAFETENSORS, shapes, dtypes, reader
 
 
-def _read_config(directory: Path) -> dict[str, Any]:
+def _read_config(directory: epath.Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise FileNotFoundError(f"HF checkpoint directory {str(directory)!r} does not exist.")
     config_file = directory / "config.json"
@@ -182,7 +184,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
     return json.loads(config_file.read_text())
 
 
-def _safetensors_files(directory: Path) -> list[Path]:
+def _safetensors_files(directory: epath.Path) -> list[epath.Path]:
     """The safetensors file(s) of ``directory``, sharded (``model.safetensors.index.json``) or not."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
@@ -203,6 +205,69 @@ def _safetensors_files(directory: Path) -> list[Path]:
     raise FileNotFoundError(
         f"{directory} has no weights: no model.safetensors, model.safetensors.index.json or {FLAX_FILE}."
     )
+
+
+class _ObjectSafetensors:
+    """``safe_open`` for a safetensors file on an object store (gs://): the header is read once,
+    and each block as the byte range of the leading-axis rows it covers (safetensors stores
+    tensors row-major), so a device's block costs about its own bytes."""
+
+    _NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
+              "I32": np.int32}  # fmt: skip
+
+    def __init__(self, file: str, framework: str = "numpy"):
+        self._file = epath.Path(file)
+        self._handle = self._file.open("rb")
+        (size,) = np.frombuffer(self._handle.read(8), "<u8")
+        header = json.loads(self._handle.read(int(size)))
+        header.pop("__metadata__", None)
+        self._base, self._header = 8 + int(size), header
+
+    def __enter__(self) -> _ObjectSafetensors:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._handle.close()
+
+    def keys(self) -> list[str]:
+        return list(self._header)
+
+    def get_slice(self, name: str) -> _ObjectSlice:
+        return _ObjectSlice(self, name)
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        return self.get_slice(name)[()]
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        entry = self._header[name]
+        if entry["dtype"] not in self._NUMPY:
+            raise ValueError(f"{self._file}: tensor {name} has dtype {entry['dtype']}, not a T5 weight's")
+        dtype, shape = np.dtype(self._NUMPY[entry["dtype"]]), tuple(entry["shape"])
+        row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self._handle.seek(self._base + entry["data_offsets"][0] + start * row)
+        data = self._handle.read((stop - start) * row)
+        return np.frombuffer(data, dtype).reshape((stop - start, *shape[1:]))
+
+
+class _ObjectSlice:
+    def __init__(self, owner: _ObjectSafetensors, name: str):
+        self._owner, self._name = owner, name
+        self._entry = owner._header[name]
+
+    def get_shape(self) -> list[int]:
+        return list(self._entry["shape"])
+
+    def get_dtype(self) -> str:
+        return self._entry["dtype"]
+
+    def __getitem__(self, index: layout.Index) -> np.ndarray:
+        shape = self.get_shape()
+        if not shape:
+            return self._owner.rows(self._name, 0, 1).reshape(())
+        index = index if isinstance(index, tuple) else (index,)
+        first = index[0] if index else slice(None)
+        start, stop, _ = first.indices(shape[0])
+        return self._owner.rows(self._name, start, stop)[(slice(None), *index[1:])]
 
 
 def _model_config(hf: dict[str, Any], **fields: Any) -> ModelConfig:

@@ -10,7 +10,10 @@ Layout::
 
 Parameters go through ``orbax.checkpoint.StandardCheckpointer`` (the checkpointer Flax's NNX
 guide uses). ``save`` writes into a temporary sibling directory and renames it into place, so
-a half-written checkpoint never sits at ``path``. ``load`` builds the model abstractly
+a half-written checkpoint never sits at ``path``. ``path`` may be local or ``gs://``; on an object
+store, where a rename is a copy per object, the files move one by one with ``checkpoint.json``
+last, so a checkpoint is complete when its marker is there (and a crash leaves every file either
+at ``path`` or in the sibling). ``load`` builds the model abstractly
 (``nnx.eval_shape``: no random init is computed) and restores the parameters into it, after
 checking every stored shape and dtype against the config.
 """
@@ -20,12 +23,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -44,7 +46,7 @@ def save(
     *,
     overwrite: bool = False,
     extra_files: dict[str, str] | None = None,
-) -> Path:
+) -> epath.Path:
     """Save ``model``'s parameters and config to the directory ``path``; returns its absolute path.
 
     An existing non-empty ``path`` is refused unless ``overwrite=True``, and even then only an
@@ -52,10 +54,10 @@ def save(
     is complete. ``extra_files`` maps plain file names to text written beside the parameters;
     they land in the same atomic rename as the checkpoint itself.
     """
-    path = paths.local(path, "checkpoint destination")
+    path = paths.resolve(path, "checkpoint destination")
     extra_files = dict(extra_files or {})
     for name in extra_files:
-        if name in (MARKER, CONFIG, PARAMS) or Path(name).name != name or name in ("", ".", ".."):
+        if name in (MARKER, CONFIG, PARAMS) or os.path.basename(name) != name or name in ("", ".", ".."):
             raise ValueError(
                 f"save: extra_files name {name!r} must be a plain file name other than "
                 f"{MARKER}, {CONFIG} and {PARAMS}"
@@ -87,7 +89,7 @@ def save(
         (tmp / MARKER).write_text(json.dumps(FORMAT) + "\n")  # last: the checkpoint is complete
         _move_into_place(tmp, path)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # only left over if something failed
+        _remove(tmp)  # only left over if something failed
     return path
 
 
@@ -98,7 +100,7 @@ def load(
     parameter is restored straight into its rule-table sharding (orbax reads each device's slice).
     ``param_dtype`` (e.g. ``"bfloat16"`` for decoding) is the dtype orbax restores into (it casts
     as it restores); None keeps the stored dtype."""
-    path = paths.local(path, "checkpoint")
+    path = paths.resolve(path, "checkpoint")
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: the path does not exist")
     missing = [name for name in (MARKER, CONFIG, PARAMS) if not (path / name).exists()]
@@ -138,7 +140,7 @@ def load(
     return model_lib.build(config, params), config
 
 
-def _check_matches(expected: dict[str, Any], stored: dict[str, Any], path: Path) -> None:
+def _check_matches(expected: dict[str, Any], stored: dict[str, Any], path: epath.Path) -> None:
     """Raise a ValueError listing every parameter whose presence, shape or dtype differ."""
     problems = [f"{k}: missing from checkpoint" for k in sorted(expected.keys() - stored.keys())]
     problems += [f"{k}: in checkpoint but not in the model" for k in sorted(stored.keys() - expected.keys())]
@@ -165,8 +167,11 @@ def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
     return items
 
 
-def _move_into_place(new: Path, path: Path) -> None:
+def _move_into_place(new: epath.Path, path: epath.Path) -> None:
     """Rename the complete checkpoint ``new`` to ``path``; an old ``path`` is deleted only after."""
+    if paths.is_remote(path):
+        _move_files(new, path)
+        return
     if not path.exists():
         os.replace(new, path)
         return
@@ -178,10 +183,28 @@ def _move_into_place(new: Path, path: Path) -> None:
         os.replace(old / path.name, path)  # put the old checkpoint back
         raise
     finally:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
 
 
-def _fresh_sibling(path: Path, tag: str) -> Path:
+def _move_files(new: epath.Path, path: epath.Path) -> None:
+    """On an object store, where a directory's rename moves its objects one by one in no set
+    order: retire the old checkpoint at ``path`` (its marker first, so it stops being one), move
+    ``new`` there without its marker, then the marker. A crash leaves each file in one place."""
+    if path.exists():
+        (path / MARKER).unlink(missing_ok=True)
+        path.rmtree()
+    marker = new.with_name(f"{new.name}.{MARKER}")
+    paths.move(new / MARKER, marker)
+    paths.move(new, path)
+    paths.move(marker, path / MARKER)
+
+
+def _remove(path: epath.Path) -> None:
+    if path.exists():
+        path.rmtree()
+
+
+def _fresh_sibling(path: epath.Path, tag: str) -> epath.Path:
     """Create an empty directory ``path.<tag>-<random>`` beside ``path`` (mode from the umask,
     unlike tempfile.mkdtemp's 0700)."""
     sibling = path.with_name(f"{path.name}.{tag}-{secrets.token_hex(4)}")
@@ -189,12 +212,12 @@ def _fresh_sibling(path: Path, tag: str) -> Path:
     return sibling
 
 
-def _read_json(file: Path) -> Any:
+def _read_json(file: epath.Path) -> Any:
     try:
         return json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{file}: cannot read JSON: {e}") from e
 
 
-def _is_empty_dir(path: Path) -> bool:
+def _is_empty_dir(path: epath.Path) -> bool:
     return path.is_dir() and not any(path.iterdir())

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
+from etils import epath
 from jax.sharding import Mesh
 
 from gqa_jax import paths
@@ -28,7 +28,7 @@ _DESCRIPTIONS = (
 
 def kind_of(path: str | os.PathLike) -> str | None:
     """Which of ``KINDS`` the directory ``path`` holds, None if none."""
-    path = Path(path)
+    path = epath.Path(path)
     if (path / orbax.MARKER).is_file():
         return "gqa_jax"
     if _is_hf_config(path / "config.json"):
@@ -44,7 +44,7 @@ def load_any(
     """Load ``path`` as ``(model, config, kind)``, ``kind`` one of ``KINDS``; with ``mesh`` the
     parameters are created sharded (each device reading its block where the format allows), with
     ``param_dtype`` cast to it as they are read (e.g. ``"bfloat16"`` for decoding)."""
-    path = paths.local(path, "source")
+    path = paths.resolve(path, "source")
     if not path.exists():
         raise FileNotFoundError(f"source {path} does not exist")
     kind = kind_of(path)
@@ -59,7 +59,7 @@ def load_any(
     return model, config, kind
 
 
-def _is_hf_config(config: Path) -> bool:
+def _is_hf_config(config: epath.Path) -> bool:
     if not config.is_file():
         return False
     try:

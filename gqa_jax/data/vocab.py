@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from gqa_jax import paths
+
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
@@ -86,7 +88,7 @@ class Vocabulary:
     """
 
     def __init__(self, model_path: str | os.PathLike, extra_ids: int = NUM_EXTRA_IDS):
-        path = Path(model_path)
+        path = paths.resolve(model_path, "SentencePiece model")  # local or gs://
         if not path.exists():
             raise FileNotFoundError(
                 f"SentencePiece model {str(path)!r} does not exist; check the path, or train one with "

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gqa_jax import checkpoints, metrics, training
+from gqa_jax import checkpoints, metric_writers, metrics, training
 from gqa_jax.data import tasks as tasks_lib
 
 RESULTS = "results.json"
@@ -64,7 +64,7 @@ def evaluate_checkpoint(
         "seconds": time.time() - t0,
     }
     workdir.mkdir(parents=True, exist_ok=True)
-    metrics.write_decodes(
+    metric_writers.write_decodes(
         workdir / DECODES, [d["input"] for d in decodes], [d["prediction"] for d in decodes],
         [d["reference"] for d in decodes],
     )  # fmt: skip

@@ -105,7 +105,7 @@ def last_eval_loss(path: Path) -> float | None:
     """The last ``eval/loss`` of a metrics.jsonl (None without a file or such a line)."""
     if not path.is_file():
         return None
-    from gqa_jax.metrics import read_metrics
+    from gqa_jax.metric_writers import read_metrics
 
     losses = [r["eval/loss"] for r in read_metrics(path) if "eval/loss" in r]
     return _finite(losses[-1]) if losses else None

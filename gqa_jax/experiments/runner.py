@@ -149,7 +149,7 @@ def run_sweep(
         raise ValueError(f"jobs={jobs!r} must be a positive integer")
     if launcher == "tpu" and jobs != 1:
         raise ValueError("--jobs applies to the local launcher: on a TPU pod each run takes every worker")
-    root = paths.local(root, "sweep root")
+    root = paths.local(root, "sweep root", "a sweep keeps its runs' status and logs on this machine's disk")
     if root.exists() and not root.is_dir():
         raise ValueError(f"--root {root} is a file, not a directory")
     runs = order(sweep, only)

@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm
 
-from gqa_jax import checkpoints, convert, distributed, metrics, paths, sharding
+from gqa_jax import checkpoints, convert, distributed, metric_writers, metrics, paths, sharding
 from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig, preset
 from gqa_jax.data import pipeline as pipeline_lib
@@ -189,7 +189,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     position, PRNG) and continues exactly as if never stopped.
     """
     check_config(config)
-    workdir = paths.local(workdir, "workdir")
+    workdir = paths.resolve(workdir, "workdir")
     task = tasks_lib.get_task(config.task)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
@@ -244,7 +244,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         graphdef, optimizer, mesh=mesh, state_shardings=shardings, num_microbatches=config.num_microbatches,
         z_loss=config.z_loss, dropout=dropout, rules=rules,
     )  # fmt: skip
-    writer = metrics.MetricWriter(workdir) if is_main else None
+    writer = metric_writers.MetricWriter(workdir) if is_main else None
     summary: dict[str, Any] = {"steps": total, **info}
 
     def run_eval(step: int) -> float | None:
@@ -260,7 +260,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
                 step, {f"eval/{k}": v for k, v in scores.items()} | {"eval/seconds": time.time() - t0}
             )
             if decodes:
-                metrics.write_decodes(
+                metric_writers.write_decodes(
                     workdir / "decodes" / f"step_{step}.jsonl",
                     [d["input"] for d in decodes], [d["prediction"] for d in decodes],
                     [d["reference"] for d in decodes],

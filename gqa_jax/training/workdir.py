@@ -18,7 +18,6 @@ Layout:
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import warnings
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
+from gqa_jax import paths
 from gqa_jax.training.state import TrainState
 from gqa_jax.training.step import Batch
 
@@ -125,7 +125,7 @@ def restore(manager: Any, state: TrainState, workdir: Any) -> tuple[TrainState, 
                 f"{str(err)[:200]}); moved it to {aside} and trying the previous one",
                 stacklevel=2,
             )
-            shutil.move(str(workdir / "checkpoints" / str(step)), str(aside))
+            paths.move(workdir / "checkpoints" / str(step), aside)
             manager.reload()
     return state, None
 
@@ -152,10 +152,13 @@ def truncate_metrics(workdir: Any, step: int) -> None:
             later = True  # a half-written line from the killed run
         (drop if later else keep).append(line)
     if drop:
-        with open(workdir / "metrics.discarded.jsonl", "a") as f:
-            f.write("\n".join(drop) + "\n")
+        paths.append_text(workdir / "metrics.discarded.jsonl", "\n".join(drop) + "\n")
+        text = "".join(line + "\n" for line in keep)
+        if paths.is_remote(file):  # an object is replaced whole
+            file.write_text(text)
+            return
         tmp = file.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
+        tmp.write_text(text)
         tmp.replace(file)
 
 

@@ -8,7 +8,7 @@ the bucket itself (through gcsfs), and TensorStore and orbax write arrays there 
 
 Object stores differ from a disk in two ways the writers here care about: an object is written
 whole (there is no append, so a growing file is rewritten, see ``append_text``), and a rename is a
-copy and a delete (so an atomic rename of a directory is not available, see ``is_remote``).
+copy and a delete per object (so a directory cannot be renamed atomically, see ``move``).
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from flax import nnx
 from flax.nnx import traversals
 from jax.sharding import NamedSharding
@@ -209,7 +210,7 @@ def convert_checkpoint(
     attentions: tuple[str, ...] | list[str] = DEFAULT_ATTENTIONS,
     seed: int = 0,
     overwrite: bool = False,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[epath.Path, dict[str, Any]]:
     """Convert the checkpoint ``src`` and save it with ``manifest.json`` at ``dst``.
 
     Never writes into ``src``; an existing ``dst`` is refused unless ``overwrite`` (and even

@@ -20,14 +20,18 @@ defaults to None is a typed placeholder and takes only a value of its type):
     vocab             (str) SentencePiece model (default for stdlib_* tasks: the suite's vocabulary)
     init_from         (str) fine-tuning: a gqa_jax checkpoint (<workdir>/model), HF T5 dir, T5X checkpoint_N
     seed              PRNG seed: the initial weights, the data order, uptrain's method=random
-    model.*           preset + ModelConfig overrides (None = the preset's / checkpoint's value):
+    model.*           (str) preset (None: "tiny" from random weights; a run that starts from a
+                      checkpoint takes its shape, and a preset or shape field is then an error)
+                      + ModelConfig overrides (None = the preset's / checkpoint's value):
                       d_model, d_ff, num_encoder_layers, num_decoder_layers, num_heads, head_dim
                       (int: a new shape, trained from scratch only), num_kv_heads (int),
                       grouped_attentions (tuple of attention names),
                       dropout_rate, dtype and param_dtype (str), remat (str: what each layer
                       keeps for the backward pass, none|full|save_dots|save_dots_no_batch; memory
                       for recomputation, same results; applies to loaded checkpoints too),
-                      scan_layers (bool: the layers as one lax.scan, compiled once; same results)
+                      scan_layers (bool: the layers as one lax.scan, compiled once; same results);
+                      from a checkpoint only dropout_rate, dtype, remat and scan_layers apply
+                      (num_kv_heads, grouped_attentions, param_dtype must equal the checkpoint's)
     optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
     uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random),
                       attentions (tuple), alpha, original_steps, source_step (int: schedule offset;
@@ -43,11 +47,14 @@ defaults to None is a typed placeholder and takes only a value of its type):
     pack              several examples per row (segment ids), as T5X packs
     input_length, target_length   (int) override the task's lengths (None: the task's)
     num_train_steps, z_loss
-    log_every, checkpoint_every, keep_checkpoints
+    log_every, checkpoint_every, keep_checkpoints   (each >= 1; checkpoints are also written at
+                      step 0, at every evaluation and at the end)
     eval_every        evaluate every N steps and at the end (0: only at the end, -1: never);
                       eval_at_start also scores the starting point (step 0); eval_examples caps
                       the dev examples decoded, eval_batch_size rows per decoding batch
     progress          a tqdm progress bar on stderr
+    restart_from_scratch  train from step 0 in a workdir that holds an earlier run's metrics but
+                      no checkpoint to resume (its files are moved to previous/<time>/)
 
 ``parse_variant(variant, known, file)`` is the variant parser of the configs that build on this
 one (``configs/x.py:key=value,key=value``).
@@ -81,7 +88,7 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
     c.z_loss = 1e-4
     c.model = config_dict.ConfigDict(
         {
-            "preset": "tiny",
+            "preset": config_dict.placeholder(str),  # None: tiny from scratch, else the checkpoint's
             # the preset's shape, overridden field by field (None: the preset's)
             "d_model": config_dict.placeholder(int),
             "d_ff": config_dict.placeholder(int),
@@ -118,6 +125,7 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
     c.eval_examples = 256
     c.eval_batch_size = 32
     c.progress = True
+    c.restart_from_scratch = False
     return c
 
 

@@ -35,7 +35,7 @@ def get_config(variant: str = ""):
     c.recipe = "finetune"
     c.task = v.get("task", "stdlib_docsum")
     c.init_from = v.get("init")
-    c.model.preset = v.get("model", "tiny")
+    c.model.preset = v.get("model")  # None: tiny from random weights (init= has its own shape)
     c.model.dropout_rate = 0.1
     c.optimizer.learning_rate = 1e-3
     c.pack = True

@@ -53,6 +53,7 @@ from jax.sharding import NamedSharding
 from gqa_jax import __version__, checkpoints, paths, sharding
 from gqa_jax.config import ATTENTION_KINDS, ModelConfig
 from gqa_jax.layers import fan_in_init
+from gqa_jax.log import log
 from gqa_jax.model import T5, FlatParams, Path_, build, check_params, dotted, flat_params
 
 METHODS = ("mean", "first", "random")
@@ -214,8 +215,9 @@ def convert_checkpoint(
     """Convert the checkpoint ``src`` and save it with ``manifest.json`` at ``dst``.
 
     Never writes into ``src``; an existing ``dst`` is refused unless ``overwrite`` (and even
-    then only a gqa_jax checkpoint is replaced). The destination appears complete or not at all.
-    Returns ``(dst, manifest)``.
+    then only a gqa_jax checkpoint is replaced). The destination appears complete or not at all;
+    what a killed conversion to ``dst`` left beside it is tidied first (and said). Returns
+    ``(dst, manifest)``.
     """
     src_path, dst_path = paths.resolve(src, "source"), paths.resolve(dst, "destination")
     src_path, dst_path = (p if paths.is_remote(p) else p.resolve() for p in (src_path, dst_path))
@@ -224,6 +226,8 @@ def convert_checkpoint(
             f"destination {dst_path} and source {src_path} overlap; the source is never written "
             "into: choose a destination outside it"
         )
+    for line in checkpoints.clean_leftovers(dst_path):  # a killed convert's, before dst is judged
+        log(line)
     if dst_path.exists() and not overwrite and not (dst_path.is_dir() and not any(dst_path.iterdir())):
         raise FileExistsError(f"destination {dst_path} already exists; pass --overwrite to replace it")
     model, config, kind = checkpoints.load_any(src_path)

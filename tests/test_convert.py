@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import json
 import re
@@ -417,13 +418,16 @@ def test_cli_destination_rules(src, mha4, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst"]
 
 
-def test_failed_write_leaves_no_destination(src, tmp_path, monkeypatch):
+def test_failed_write_leaves_no_destination(src, tmp_path, monkeypatch, capsys):
     def broken_save(self, *args, **kwargs):
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "dst"))
 
     monkeypatch.setattr(ocp.StandardCheckpointer, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
-        convert_cli("--src", src, "--dst", tmp_path / "dst", "--num-kv-heads", 2, "--method", "mean")
+    assert convert_cli("--src", src, "--dst", tmp_path / "dst", "--num-kv-heads", 2, "--method", "mean") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    hint = "free some space or choose a path on another disk"
+    assert err[-1].endswith(f"error: No space left on device ({tmp_path / 'dst'}): {hint}")
+    assert "Traceback" not in "".join(err)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,12 +1,12 @@
-"""Exact resume after SIGKILL: the end-to-end test of `python -m gqa_jax train` (subprocesses).
+"""Exact resume after SIGKILL: the end-to-end tests of `python -m gqa_jax train` (subprocesses).
 
-Uninterrupted 2n steps vs n steps, SIGKILL, restart: parameters, optimizer state and the metrics
-of steps n+1..2n must be bitwise identical (CPU)."""
+A run killed at any point (before its first checkpoint, while a checkpoint is committed, while
+the final model is exported) and restarted ends with the metrics and the state of an
+uninterrupted run, bit for bit (CPU): parameters, optimizer state and every logged step."""
 
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -17,7 +17,7 @@ import xla_env
 from gqa_jax import metric_writers
 
 REPO = Path(__file__).resolve().parents[1]
-N = 5
+N = 2
 COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "learning_rate")
 
 
@@ -31,53 +31,79 @@ def command(workdir, data, vocab, steps):
     ]  # fmt: skip
 
 
-def restore_state(path):
-    """A checkpoint's TrainState as numpy arrays (whatever devices or mesh wrote it)."""
+def restore_state(path, item="state"):
+    """A checkpoint's TrainState (or a saved model's params) as numpy arrays (whatever devices or
+    mesh wrote it)."""
     with ocp.PyTreeCheckpointer() as ckpt:
-        meta = ckpt.metadata(path / "state")
+        meta = ckpt.metadata(path / item)
         tree = getattr(meta, "item_metadata", meta)
         tree = getattr(tree, "tree", tree)
         args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-        return ckpt.restore(path / "state", restore_args=args)
+        return ckpt.restore(path / item, restore_args=args)
 
 
-def test_sigkill_and_restart_continue_bitwise(suite_subset, small_vocab, tmp_path):
+def killed_at(point, step, workdir, data, vocab, steps, env):
+    """Run ``train`` in a process that SIGKILLs itself at ``point`` (tests/kill_points.py)."""
+    argv = command(workdir, data, vocab, steps)[3:]  # the arguments after `python -m gqa_jax`
+    run = subprocess.run([sys.executable, "tests/kill_points.py", point, str(step), "--", *argv], cwd=REPO,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)  # fmt: skip
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()[-3000:]
+    return run.stderr.decode()
+
+
+def names(directory):
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+def test_sigkill_anywhere_then_restart_continue_bitwise(suite_subset, small_vocab, tmp_path):
     data, env = suite_subset
     full, killed = tmp_path / "full", tmp_path / "killed"
-    # The uninterrupted run, side by side with a long run that is killed as soon as its step-N
-    # checkpoint is complete (orbax renames it into place). Compilation is mostly single-threaded,
-    # so the two share 2 cores well.
-    uninterrupted = subprocess.Popen(command(full, data, small_vocab.path, 2 * N), cwd=REPO, env=env,
+    total = 3 * N
+    # The uninterrupted run, side by side with the first killed one (compilation is mostly
+    # single-threaded, so the two share 2 cores well).
+    uninterrupted = subprocess.Popen(command(full, data, small_vocab.path, total), cwd=REPO, env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    proc = subprocess.Popen(command(killed, data, small_vocab.path, 100), cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    deadline = time.time() + 600
-    while not (killed / "checkpoints" / str(N)).is_dir():
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # 1. before the first checkpoint (step 0's, written before anything trains)
+    killed_at("save-start", 0, killed, data, small_vocab.path, total, env)
+    assert names(killed / "checkpoints") == [] and not metric_writers.read_metrics(killed)
     _, err = uninterrupted.communicate(timeout=600)
     assert uninterrupted.returncode == 0, err.decode()[-3000:]
-    steps = sorted(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
-    assert steps == [N], f"the kill came late: checkpoints {steps}"
-
-    subprocess.run(command(killed, data, small_vocab.path, 2 * N), cwd=REPO, env=env, check=True, timeout=600)
+    # 2. while checkpoint 2N is committed: its files are written, it is not renamed into place
+    err = killed_at("save-commit", 2 * N, killed, data, small_vocab.path, total, env)
+    assert "taking over the stale lock" in err and "no longer runs" in err  # the killed run's lock
+    ckpts = names(killed / "checkpoints")
+    assert (
+        ckpts[:2] == ["0", str(N)]
+        and len(ckpts) == 3
+        and ckpts[2].startswith(f"{2 * N}.orbax-checkpoint-tmp")
+    )
+    # 3. during the final export, after the last checkpoint: resumed from N, it trains to the end
+    killed_at("export", 0, killed, data, small_vocab.path, total, env)
+    assert str(total) in names(killed / "checkpoints") and not (killed / "model").exists()
+    assert any(n.startswith("model.tmp-") for n in names(killed))
+    # 4. the restart resumes at the end, removes what the kills left, and exports
+    run = subprocess.run(command(killed, data, small_vocab.path, total), cwd=REPO, env=env, timeout=600,
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"resuming {killed} from step {total}" in run.stderr and "removed" in run.stderr
+    assert not any("tmp" in n for n in names(killed) + names(killed / "checkpoints"))
+    assert not (killed / "lock.json").exists()
 
     a = {m["step"]: m for m in metric_writers.read_metrics(full)}
+    steps = [m["step"] for m in metric_writers.read_metrics(killed)]
+    assert steps == list(range(1, total + 1))  # strictly increasing, complete, each step once
     b = {m["step"]: m for m in metric_writers.read_metrics(killed)}
-    assert sorted(b) == list(range(1, 2 * N + 1))  # lines the killed run logged past N were set aside
-    for step in range(N + 1, 2 * N + 1):
+    for step in range(1, total + 1):
         for key in (*COMPARED, "examples_seen"):
             assert a[step][f"train/{key}"] == b[step][f"train/{key}"], (step, key)
-    sa = restore_state(full / "checkpoints" / str(2 * N))
-    sb = restore_state(killed / "checkpoints" / str(2 * N))
-    leaves_a, tree_a = jax.tree.flatten(sa)
-    leaves_b, tree_b = jax.tree.flatten(sb)
-    assert tree_a == tree_b and len(leaves_a) > 10
-    for x, y in zip(leaves_a, leaves_b, strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    last = f"checkpoints/{total}"
+    for item, sub in ((last, "state"), ("model", "params")):  # the final state, and the exported model
+        sa, sb = restore_state(full / item, sub), restore_state(killed / item, sub)
+        leaves_a, tree_a = jax.tree.flatten(sa)
+        leaves_b, tree_b = jax.tree.flatten(sb)
+        assert tree_a == tree_b and len(leaves_a) > 10
+        for x, y in zip(leaves_a, leaves_b, strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def two_processes(args, env, timeout=600):

@@ -151,7 +151,10 @@ def _open_weights(directory: epath.Path) -> Iterator[tuple[str, Shapes, dict[str
     """``(flavour, shapes, dtypes, reader)`` of ``directory``'s weights, open while in use."""
     flavour = weights_flavour(directory)
     if flavour == FLAX:
-        tree = serialization.msgpack_restore((directory / FLAX_FILE).read_bytes())
+        try:
+            tree = serialization.msgpack_restore((directory / FLAX_FILE).read_bytes())
+        except Exception as e:  # msgpack's errors for a truncated file are of many types
+            raise _damaged(directory / FLAX_FILE, e) from None
         if set(tree) == {"params"}:  # some writers keep Flax's top-level collection
             tree = tree["params"]
         arrays = {".".join(map(str, k)): np.asarray(v) for k, v in traversals.flatten_mapping(tree).items()}
@@ -162,7 +165,12 @@ def _open_weights(directory: epath.Path) -> Iterator[tuple[str, Shapes, dict[str
         handles = {}  # tensor name -> open safetensors file
         for file in _safetensors_files(directory):
             opener = _ObjectSafetensors if paths.is_remote(file) else safe_open
-            f = stack.enter_context(opener(os.fspath(file), framework="numpy"))
+            try:
+                f = stack.enter_context(opener(os.fspath(file), framework="numpy"))
+            except FileNotFoundError:
+                raise
+            except Exception as e:  # safetensors' SafetensorError: a short or garbled header
+                raise _damaged(file, e) from None
             for name in f.keys():
                 handles[name] = f
         slices = {n: f.get_slice(n) for n, f in handles.items()}
@@ -181,14 +189,28 @@ def _read_config(directory: epath.Path) -> dict[str, Any]:
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{str(config_file)!r} not found; a HF checkpoint needs its config.json.")
-    return json.loads(config_file.read_text())
+    return _read_json(config_file)
+
+
+def _read_json(file: epath.Path) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON ({e}): the file is damaged; download it again") from None
+
+
+def _damaged(file: Any, e: Exception) -> ValueError:
+    return ValueError(
+        f"{file} cannot be read ({type(e).__name__}: {str(e)[:200]}): the file is damaged (truncated or "
+        "overwritten); download it again"
+    )
 
 
 def _safetensors_files(directory: epath.Path) -> list[epath.Path]:
     """The safetensors file(s) of ``directory``, sharded (``model.safetensors.index.json``) or not."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted({directory / f for f in json.loads(index.read_text())["weight_map"].values()})
+        files = sorted({directory / f for f in _read_json(index)["weight_map"].values()})
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise FileNotFoundError(f"{index} names shard(s) that do not exist: {missing}")

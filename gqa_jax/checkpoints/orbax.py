@@ -130,13 +130,21 @@ def load(
         target = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), target, shardings
         )
+    damaged = "the checkpoint is damaged (truncated or overwritten): copy it again or re-create it"
     with ocp.StandardCheckpointer() as checkpointer:
         try:
             stored = checkpointer.metadata(path / PARAMS).item_metadata.tree
         except Exception as e:
-            raise ValueError(f"{path / PARAMS}: cannot read the orbax parameter metadata: {e}") from e
+            raise ValueError(
+                f"{path / PARAMS}: cannot read the parameter metadata ({_first_line(e)}); {damaged}"
+            ) from e
         _check_matches(expected, dict(_flatten(stored)), path)
-        params = checkpointer.restore(path / PARAMS, target)
+        try:
+            params = checkpointer.restore(path / PARAMS, target)
+        except Exception as e:  # TensorStore: a short or garbled file
+            raise ValueError(
+                f"{path / PARAMS}: cannot read the parameters ({_first_line(e)}); {damaged}"
+            ) from e
     return model_lib.build(config, params), config
 
 
@@ -165,6 +173,32 @@ def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
         name = f"{prefix}{key}"
         items += _flatten(value, f"{name}.") if isinstance(value, dict) else [(name, value)]
     return items
+
+
+def clean_leftovers(path: str | os.PathLike) -> list[str]:
+    """Tidy what a killed :func:`save` to ``path`` left beside it; returns one line per action.
+
+    ``<name>.tmp-*`` (a checkpoint being written) is removed. ``<name>.old-*`` holds the previous
+    checkpoint while the new one is renamed into place: it is removed when ``path`` is complete,
+    and moved back to ``path`` when the kill came between the two renames (``path`` missing)."""
+    path = paths.resolve(path, "checkpoint destination")
+    if not path.parent.is_dir():
+        return []
+    done = []
+    for old in sorted(path.parent.glob(f"{path.name}.old-*")):
+        kept = old / path.name
+        if not (path / MARKER).is_file() and (kept / MARKER).is_file() and not path.exists():
+            paths.move(kept, path)
+            done.append(f"moved the previous checkpoint back from {old} to {path} (a save was killed)")
+        _remove(old)
+        done.append(f"removed {old}, left by a killed save")
+    for tmp in sorted(path.parent.glob(f"{path.name}.tmp-*")):
+        if tmp.is_dir():
+            _remove(tmp)
+        else:
+            tmp.unlink()
+        done.append(f"removed {tmp}, left by a killed save")
+    return done
 
 
 def _move_into_place(new: epath.Path, path: epath.Path) -> None:
@@ -210,6 +244,11 @@ def _fresh_sibling(path: epath.Path, tag: str) -> epath.Path:
     sibling = path.with_name(f"{path.name}.{tag}-{secrets.token_hex(4)}")
     sibling.mkdir()
     return sibling
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
 
 
 def _read_json(file: epath.Path) -> Any:

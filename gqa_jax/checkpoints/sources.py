@@ -55,6 +55,12 @@ def load_any(
     elif kind in (t5x.LEGACY, t5x.ORBAX):
         model, config = t5x.load_t5x(path, mesh=mesh, param_dtype=param_dtype)
     else:
+        config = path / "config.json"
+        if config.is_file() and not _is_hf_config(config) and hf.weights_flavour(path) is not None:
+            raise ValueError(
+                f"source {path} has HuggingFace weights but its config.json is not a T5 config "
+                f"(unreadable, truncated or of another model): download {config} again"
+            )
         raise ValueError(f"source {path} is not a checkpoint: expected " + "; or ".join(_DESCRIPTIONS))
     return model, config, kind
 

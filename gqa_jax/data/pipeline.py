@@ -275,10 +275,10 @@ def make_pipeline(
     local_batch = batch_size // process_count
     if pack and not repeat:
         raise ValueError("pack=True is for training streams (repeat=True); evaluation reads padded rows")
-    input_length = input_length or task.input_length
+    input_length = task.input_length if input_length is None else input_length
     if task.span_corruption and target_length is None:
         target_length = span_corruption_lengths(input_length)[1]
-    target_length = target_length or task.target_length
+    target_length = task.target_length if target_length is None else target_length
     if input_length < 2 or target_length < 2:
         raise ValueError(f"input_length {input_length} and target_length {target_length} must be >= 2")
     vocab_size = getattr(vocab, "sp_size", None)

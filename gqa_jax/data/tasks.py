@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -288,6 +289,27 @@ def open_split(task: str | Task, split: str, data_dir: str | os.PathLike | None 
     ) from cause
 
 
+# Hosts TFDS downloads the paper's datasets from (any one answering means there is a network).
+PROBE_HOSTS = (("storage.googleapis.com", 443), ("huggingface.co", 443), ("github.com", 443))
+
+
+def check_network(task: Task, data_dir: str, timeout: float = 5.0) -> None:
+    """A ValueError within a few seconds when no download host answers, with the way to build the
+    dataset without a network here."""
+    for host, port in PROBE_HOSTS:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return
+        except OSError:
+            continue
+    hosts = ", ".join(h for h, _ in PROBE_HOSTS)
+    raise ValueError(
+        f"{task.source} must be downloaded, and this machine reaches none of {hosts}: run "
+        f"`python -m gqa_jax data prepare {task.name} --data-dir DIR` on a machine with network access "
+        f"and copy DIR/{task.source} into {data_dir}/ here (or set --data-dir to where it already is)"
+    )
+
+
 def prepare(
     task: str | Task,
     data_dir: str | os.PathLike | None = None,
@@ -313,5 +335,7 @@ def prepare(
         raise ValueError("mediasum is built from the released JSON files: pass --manual-dir DIR")
     config = tfds.download.DownloadConfig(manual_dir=str(manual_dir) if manual_dir else None)
     builder = tfds.builder(task.source, data_dir=data_dir, file_format="array_record")
+    if not builder.is_prepared() and task.name != "mediasum":
+        check_network(task, data_dir)  # fail fast, not after minutes of download retries
     builder.download_and_prepare(download_config=config)
     return {name: info.num_examples for name, info in builder.info.splits.items()}

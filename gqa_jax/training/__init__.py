@@ -1,8 +1,9 @@
 """Training: the state, THE train step, evaluation, the run directory and the one ``train()`` loop.
 
 Floors inside the package: ``state`` (TrainState, Adafactor, schedules, shardings) <- ``step``
-(loss, ``make_train_step``) <- ``evaluation``, ``workdir`` <- ``loop`` (``train()``). The names
-below are the package's public API.
+(loss, ``make_train_step``) <- ``evaluation``, ``validate`` (config checks), ``workdir`` (its
+files, checkpoints, restarts), ``claim`` (the lock, undoing a failed start), ``stops`` (SIGINT /
+SIGTERM) <- ``loop`` (``train()``). The names below are the package's public API.
 """
 
 from gqa_jax.training.evaluation import evaluate
@@ -20,7 +21,8 @@ from gqa_jax.training.state import (
     state_shardings,
 )
 from gqa_jax.training.step import Z_LOSS, cross_entropy, make_eval_step, make_train_step, train_step
-from gqa_jax.training.workdir import RECIPES, RESTART_MAY_CHANGE
+from gqa_jax.training.validate import RECIPES
+from gqa_jax.training.workdir import RESTART_MAY_CHANGE
 
 __all__ = [
     "FINETUNE_LR", "RECIPES", "RESTART_MAY_CHANGE", "T5_WARMUP_STEPS", "Z_LOSS", "OptimizerConfig",

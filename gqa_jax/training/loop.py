@@ -30,14 +30,18 @@ from gqa_jax.data import stdlib_suite
 from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.data import vocab as vocab_lib
 from gqa_jax.log import log
+from gqa_jax.training.claim import Claim
 from gqa_jax.training.evaluation import evaluate
 from gqa_jax.training.state import OptimizerConfig, create_state, make_optimizer, make_schedule
 from gqa_jax.training.step import make_train_step
+from gqa_jax.training.stops import Stopped, StopSignals
+from gqa_jax.training.validate import check_config, checkpoint_overrides
 from gqa_jax.training.workdir import (
-    RECIPES,
     check_workdir,
     checkpoint_manager,
+    clean_exports,
     config_dict,
+    refuse_or_set_aside,
     restore,
     restore_params,
     stop_on_nan,
@@ -45,66 +49,7 @@ from gqa_jax.training.workdir import (
     write_config,
 )
 
-# ModelConfig fields a config may override to train a shape of its own (from scratch only)
-SHAPE_FIELDS = ("d_model", "d_ff", "num_encoder_layers", "num_decoder_layers", "num_heads", "head_dim")
-
-
-def check_config(config: Any) -> None:
-    """Clear errors for a config that cannot run (before anything is built or written)."""
-    if config.recipe not in RECIPES:
-        raise ValueError(f"config.recipe must be one of {', '.join(RECIPES)}, got {config.recipe!r}")
-    task = tasks_lib.get_task(config.task)
-    if config.recipe == "pretrain" and not task.span_corruption:
-        raise ValueError(f"pre-training reads a span-corruption task, and {task.name} is not one")
-    if config.recipe == "uptrain":
-        if not task.span_corruption:
-            raise ValueError(f"uptraining continues span corruption; task {task.name} is not a corpus")
-        if not config.uptrain.source:
-            raise ValueError("uptraining needs config.uptrain.source (an MHA checkpoint to convert)")
-        if not 0 <= config.uptrain.alpha <= 1:
-            raise ValueError(
-                f"config.uptrain.alpha must be in [0, 1] (0: convert only, no training step), "
-                f"got {config.uptrain.alpha}"
-            )
-        if config.uptrain.original_steps < 1:
-            raise ValueError("config.uptrain.original_steps (the source's pre-training steps) must be >= 1")
-    shape = [k for k in SHAPE_FIELDS if config.model.get(k) is not None]
-    starts_from = config.uptrain.source if config.recipe == "uptrain" else config.init_from
-    if shape and config.recipe != "pretrain" and starts_from:
-        raise ValueError(
-            f"config.model.{shape[0]} sets a new shape, but this run starts from {starts_from}, which "
-            "has its own: drop the model shape overrides"
-        )
-    if config.recipe == "finetune" and task.span_corruption:
-        raise ValueError(f"fine-tuning reads a sequence-to-sequence task; {task.name} is span corruption")
-    for name in ("batch_size", "num_microbatches", "checkpoint_every", "log_every"):
-        if int(config[name]) < 1:
-            raise ValueError(f"config.{name} must be >= 1, got {config[name]}")
-    if config.batch_size % config.num_microbatches:
-        raise ValueError(
-            f"config.batch_size {config.batch_size} is not divisible by "
-            f"num_microbatches {config.num_microbatches}"
-        )
-    if config.get("mesh"):
-        data, _ = sharding.parse_mesh_shape(config.mesh)
-        for name in ("batch_size", "eval_batch_size"):
-            if int(config[name]) % data:
-                raise ValueError(
-                    f"config.{name}={config[name]} is not divisible by the data axis ({data}) of "
-                    f"config.mesh={config.mesh!r}: choose a multiple of {data}"
-                )
-        if (config.batch_size // config.num_microbatches) % data:
-            raise ValueError(
-                f"micro-batches of {config.batch_size // config.num_microbatches} rows do not split over "
-                f"the data axis ({data}) of config.mesh={config.mesh!r}: lower num_microbatches"
-            )
-    elif jax.process_count() > 1:
-        raise ValueError(
-            f"this is one of {jax.process_count()} processes, but config.mesh is empty: set a mesh over "
-            "all their devices, e.g. --config.mesh=2x4"
-        )
-    if config.recipe != "uptrain" and config.num_train_steps < 1:
-        raise ValueError(f"config.num_train_steps must be >= 1, got {config.num_train_steps}")
+DEFAULT_PRESET = "tiny"  # a model trained from random weights without config.model.preset
 
 
 def num_steps(config: Any) -> int:
@@ -131,22 +76,14 @@ def _model_config(config: Any, vocab: Any) -> Any:
     overrides.setdefault("vocab_size", vocab.vocab_size)
     if "grouped_attentions" in overrides:
         overrides["grouped_attentions"] = tuple(overrides["grouped_attentions"])
-    return preset(config.model.preset, **overrides)
+    return preset(config.model.preset or DEFAULT_PRESET, **overrides)
 
 
-def _compile_options(config: Any, loaded: ModelConfig) -> dict[str, Any]:
-    """``model.remat`` / ``model.scan_layers`` for a model loaded from a checkpoint: they change how
-    the step is compiled, never the weights, so they apply to any checkpoint."""
-    remat, scan = config.model.get("remat"), config.model.get("scan_layers")
-    return {"remat": remat or loaded.remat, "scan_layers": loaded.scan_layers if scan is None else scan}
-
-
-def init_model(
-    config: Any, vocab: Any, workdir: Any, mesh: Any = None
-) -> tuple[Any, OptimizerConfig, dict[str, Any]]:
+def init_model(config: Any, vocab: Any, mesh: Any = None) -> tuple[Any, OptimizerConfig, dict[str, Any]]:
     """The starting model (a ``T5``, or its ``ModelConfig`` when it starts from random weights, so
-    a sharded run can create them sharded), the optimizer settings and what was done. On a
-    ``mesh`` of several devices a starting checkpoint is loaded straight into its shardings."""
+    a sharded run can create them sharded), the optimizer settings and what was done (uptraining:
+    ``info["conversion"]`` is the conversion manifest). On a ``mesh`` of several devices a starting
+    checkpoint is loaded straight into its shardings."""
     mesh = mesh if mesh is not None and mesh.devices.size > 1 else None
     info: dict[str, Any] = {"recipe": config.recipe}
     opt = config.optimizer
@@ -160,20 +97,16 @@ def init_model(
             source, source_cfg, up.num_kv_heads, up.method, attentions=attentions, seed=config.seed
         )
         manifest["source_path"] = str(up.source)
-        if jax.process_index() == 0:
-            (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        cfg = cfg.replace(dropout_rate=config.model.dropout_rate or 0.0, **_compile_options(config, cfg))
+        cfg = cfg.replace(**checkpoint_overrides(config, cfg, up.source))
         model = model_lib.build(cfg, params)
         offset = up.source_step if up.source_step is not None else up.original_steps
         info |= {"source": str(up.source), "source_kind": kind, "schedule_offset": int(offset),
-                 "num_kv_heads": up.num_kv_heads, "method": up.method}  # fmt: skip
+                 "num_kv_heads": up.num_kv_heads, "method": up.method, "conversion": manifest}  # fmt: skip
         return model, OptimizerConfig("rsqrt", warmup_steps=opt.warmup_steps, offset=int(offset)), info
     # finetune
     if config.init_from:
         source, source_cfg, kind = checkpoints.load_any(config.init_from, mesh=mesh)
-        cfg = source_cfg.replace(
-            dropout_rate=config.model.dropout_rate, **_compile_options(config, source_cfg)
-        )
+        cfg = source_cfg.replace(**checkpoint_overrides(config, source_cfg, config.init_from))
         model = model_lib.build(cfg, source)
         info |= {"init_from": str(config.init_from), "source_kind": kind}
     else:
@@ -182,24 +115,50 @@ def init_model(
     return model, OptimizerConfig("constant", learning_rate=opt.learning_rate), info
 
 
+def _scored_at(workdir: Any, step: int) -> bool:
+    """Whether metrics.jsonl holds an evaluation at ``step`` (a resumed run does not repeat it)."""
+    if not (workdir / metric_writers.METRICS_FILE).is_file():
+        return False
+    return any(m.get("step") == step and any(k.startswith("eval/") for k in m)
+               for m in metric_writers.read_metrics(workdir))  # fmt: skip
+
+
 def train(config: Any, workdir: Any) -> dict[str, Any]:
     """Run (or resume) the recipe ``config.recipe`` in ``workdir``; returns the summary dict.
 
     A workdir with checkpoints resumes from the newest readable one (model, optimizer, data
-    position, PRNG) and continues exactly as if never stopped.
+    position, PRNG) and continues exactly as if never stopped. The run holds the workdir's lock
+    while it trains (a second run is refused), stops cleanly on SIGINT / SIGTERM (``Stopped``), and
+    a start that fails before its first step leaves the workdir as it found it (``claim.Claim``).
     """
     check_config(config)
     workdir = paths.resolve(workdir, "workdir")
     task = tasks_lib.get_task(config.task)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
-    check_workdir(workdir, config)
-    total = num_steps(config)
+    claim = Claim(workdir)  # creates the workdir and takes its lock before anything is written
+    try:
+        with StopSignals() as stops:
+            return _train(config, workdir, task, data_dir, vocab, claim, stops)
+    except Stopped:
+        raise  # a clean stop keeps everything: resume with the same command
+    except Exception:
+        claim.rollback()  # only undoes a start that failed before its first step
+        raise
+    finally:
+        claim.release()
 
+
+def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, claim: Claim,
+           stops: StopSignals) -> dict[str, Any]:  # fmt: skip
     is_main = jax.process_index() == 0  # only process 0 writes logs, configs and reports
+    check_workdir(workdir, config)
+    if is_main:
+        clean_exports(workdir)
+    total = num_steps(config)
     mesh = sharding.make_mesh(config.mesh or "1x1")  # one code path: one device is a 1x1 mesh
-    workdir.mkdir(parents=True, exist_ok=True)
-    model, opt_cfg, info = init_model(config, vocab, workdir, mesh)
+    model, opt_cfg, info = init_model(config, vocab, mesh)
+    manifest = info.pop("conversion", None)
     model_cfg = model if isinstance(model, ModelConfig) else model.config
     if model_cfg.vocab_size < vocab.vocab_size:
         raise ValueError(
@@ -214,17 +173,24 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     if config.mesh:
         log(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es): "
             + sharding.replication_report(replicated))  # fmt: skip
-    if is_main:  # after the model exists: a failed start leaves no claim on the workdir
-        write_config(workdir, config)
-        (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
 
     manager = checkpoint_manager(workdir, config.keep_checkpoints, best=task.metric is not None)
     state, data_state = restore(manager, state, workdir)
-    start = int(state.step)
-    if start:
-        log(f"resuming {workdir} from step {start}")
+    resumed, start = data_state is not None, int(state.step)
+    if resumed:
+        log(f"resuming {workdir} from step {start} (its checkpoint {start})")
+        if config.get("restart_from_scratch"):
+            log(f"restart_from_scratch is ignored: checkpoint {start} can be resumed")
         if is_main:
             truncate_metrics(workdir, start)
+    else:
+        refuse_or_set_aside(workdir, config, claim)  # an earlier run's metrics: never duplicated
+        log(f"{workdir}: starting at step 0")
+    if is_main:  # after the decision to run: a refused start leaves these files as they were
+        write_config(workdir, config)
+        (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
+        if manifest is not None:
+            (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     if total == 0:
         log(f"{workdir}: alpha 0, the converted model is saved without a training step")
     elif start >= total:
@@ -286,14 +252,27 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     bar = tqdm(total=total, initial=start, disable=not (is_main and config.progress), unit="step",
                dynamic_ncols=True)  # fmt: skip
     t_last, tokens_since, steps_since = time.time(), 0.0, 0
+
+    def stop_if_asked(step: int, saved: bool) -> None:
+        signum = stops.requested()
+        if signum:
+            if not saved:
+                save(step, None)
+            manager.wait_until_finished()
+            raise Stopped(step, signum)
+
     try:
-        if config.eval_at_start and start == 0 and config.eval_every >= 0:
+        if not resumed:  # a checkpoint before anything runs: a kill from here on loses little
+            save(0, None)
+        if config.eval_at_start and config.eval_every >= 0 and start == 0 and not _scored_at(workdir, 0):
             run_eval(0)  # the starting point's score: the baseline fine-tuning must beat
+        stop_if_asked(start, saved=True)
         for step in range(start, total):
             batch = next(batches)  # this process's rows
             state, m = step_fn(state, distributed.global_batch(batch, mesh))
             m = jax.device_get(m)
             done = step + 1
+            claim.committed = True  # the run has started: a later failure keeps what it wrote
             if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
                 stop_on_nan(workdir, done, m, batch, manager.latest_step())
             input_tokens = float(np.sum(batch["encoder_input_tokens"] != 0)) * slice_count  # ~ all rows
@@ -317,8 +296,10 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
             every = config.eval_every
             if every >= 0 and ((every and done % every == 0) or done == total):
                 score = run_eval(done)
-            if done % config.checkpoint_every == 0 or done == total or score is not None:
+            saved = done % config.checkpoint_every == 0 or done == total or score is not None
+            if saved:
                 save(done, score)  # evaluated steps are saved too: the best one is kept
+            stop_if_asked(done, saved)
         manager.wait_until_finished()
         summary |= {"final_step": int(state.step)}
         best = manager.best_step() if task.metric is not None else None
@@ -335,6 +316,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
             if best_params is not None:
                 checkpoints.save(nnx.merge(graphdef, best_params), workdir / "best_model", overwrite=True)
             (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        claim.committed = True
         return summary
     finally:
         bar.close()

@@ -13,6 +13,10 @@ Layout:
   best_model/          fine-tuning: the checkpoint with the best dev score, as a gqa_jax checkpoint
   summary.json         final step, best evaluation step and score
   nan_step_<n>.json    written when a loss goes NaN/inf: the batch's statistics
+  lock.json            held while a run trains (gqa_jax.training.claim)
+  corrupt_checkpoints/<step>-<time>/  checkpoints that could not be restored, moved aside
+  previous/<time>/     an earlier run's metrics, decodes and exports, moved aside by
+                       ``restart_from_scratch`` (see ``refuse_or_set_aside``)
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from gqa_jax import paths
+from gqa_jax import checkpoints, paths
+from gqa_jax.errors import RunError
+from gqa_jax.log import log
 from gqa_jax.training.state import TrainState
 from gqa_jax.training.step import Batch
 
-RECIPES = ("pretrain", "uptrain", "finetune")
 # Config fields a restart may change (they do not change what is computed, or only extend it).
 RESTART_MAY_CHANGE = frozenset(
     {
@@ -47,6 +52,7 @@ RESTART_MAY_CHANGE = frozenset(
         "model.remat",  # memory against recomputation: the same computation
         "model.scan_layers",  # the same computation, compiled once per stack
         "fsdp",  # where the parameters live, like mesh
+        "restart_from_scratch",  # only read when nothing can be resumed
     }
 )
 
@@ -65,22 +71,97 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# What a run leaves that a fresh start would duplicate or overwrite.
+EARLIER_WORK = ("metrics.jsonl", "metrics.discarded.jsonl", "tensorboard", "decodes", "summary.json",
+                "model", "best_model")  # fmt: skip
+
+
+def earlier_work(workdir: Any) -> list[Any]:
+    """The files and directories of a run that trained or evaluated in ``workdir`` (metrics,
+    decodes, exports, NaN reports), whatever its checkpoints; [] when it holds none (an empty
+    metrics.jsonl and tensorboard/ are what a start writes before its first step)."""
+    found = [workdir / n for n in EARLIER_WORK if (workdir / n).exists()]
+    found += sorted(workdir.glob("nan_step_*.json"))
+    metrics = workdir / "metrics.jsonl"
+    if metrics in found and metrics.is_file() and not metrics.read_text().strip():
+        found.remove(metrics)
+    if [p.name for p in found] == ["tensorboard"]:
+        return []
+    return found
+
+
+def _read_config(file: Any) -> dict[str, Any]:
+    try:
+        stored = json.loads(file.read_text())
+        if not isinstance(stored, dict):
+            raise ValueError(f"a JSON {type(stored).__name__}, not an object")
+        return stored
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RunError(
+            f"{file} cannot be read ({e}), so this restart cannot be checked against the run's config: if "
+            "the run used this same config, delete that file and run again (it is written anew); "
+            "otherwise use another --workdir"
+        ) from None
+
+
 def check_workdir(workdir: Any, config: Any) -> None:
-    """A workdir belongs to one run: refuse a restart with a config that computes something else."""
+    """A workdir belongs to one run: refuse a restart with a config that computes something else.
+
+    A workdir with no checkpoint and no metrics holds no work, and its config.json (from a start
+    that was stopped before its first step) is simply replaced."""
     stored_file = workdir / "config.json"
-    resolved = config_dict(config)
-    if stored_file.is_file():
-        stored = _flat(json.loads(stored_file.read_text()))
-        new = _flat(json.loads(json.dumps(resolved, default=str)))
-        diff = sorted(
-            k for k in set(stored) | set(new) if stored.get(k) != new.get(k) and k not in RESTART_MAY_CHANGE
+    if not stored_file.is_file():
+        return
+    ckpts = workdir / "checkpoints"
+    holds_work = earlier_work(workdir) or (ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()))
+    if not holds_work:
+        return
+    stored = _flat(_read_config(stored_file))
+    new = _flat(json.loads(json.dumps(config_dict(config), default=str)))
+    diff = sorted(
+        k for k in set(stored) | set(new) if stored.get(k) != new.get(k) and k not in RESTART_MAY_CHANGE
+    )
+    if diff:
+        details = "; ".join(f"{k}: {stored.get(k)!r} -> {new.get(k)!r}" for k in diff[:8])
+        raise RunError(
+            f"workdir {workdir} holds a run with a different config ({details}); resume it with the "
+            "same config, or start a new --workdir"
         )
-        if diff:
-            details = "; ".join(f"{k}: {stored.get(k)!r} -> {new.get(k)!r}" for k in diff[:8])
-            raise ValueError(
-                f"workdir {workdir} holds a run with a different config ({details}); resume it with the "
-                "same config, or start a new --workdir"
-            )
+
+
+def refuse_or_set_aside(workdir: Any, config: Any, claim: Any) -> None:
+    """A start from step 0 in a workdir that holds an earlier run's metrics or exports (killed
+    before its first checkpoint, or with every checkpoint unreadable): refused unless
+    ``config.restart_from_scratch``, which moves them to ``previous/<time>/`` (never duplicated
+    in the new metrics.jsonl, never deleted)."""
+    found = earlier_work(workdir)
+    if not found:
+        return
+    names = ", ".join(p.name for p in found)
+    if not config.get("restart_from_scratch"):
+        aside = workdir / "corrupt_checkpoints"
+        why = f" (its unreadable checkpoints are in {aside})" if aside.is_dir() else ""
+        raise RunError(
+            f"workdir {workdir} holds an earlier run's {names} but no checkpoint to resume from{why}; "
+            "to train again from step 0 here pass --config.restart_from_scratch=True (the earlier "
+            "files are moved to previous/), or use another --workdir"
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    dest = workdir / "previous" / stamp
+    for n in range(2, 100):  # two restarts within a second
+        if not dest.exists():
+            break
+        dest = workdir / "previous" / f"{stamp}-{n}"
+    for path in found:
+        claim.move_aside(path, dest / path.name)
+    log(f"restart_from_scratch: moved the earlier run's {names} to {dest}; starting at step 0")
+
+
+def clean_exports(workdir: Any) -> None:
+    """Tidy what a run killed while exporting model/ or best_model/ left (and say so)."""
+    for name in ("model", "best_model"):
+        for line in checkpoints.clean_leftovers(workdir / name):
+            log(line)
 
 
 def write_config(workdir: Any, config: Any) -> None:
@@ -91,12 +172,17 @@ def write_config(workdir: Any, config: Any) -> None:
 
 def checkpoint_manager(workdir: Any, keep: int, best: bool) -> Any:
     policies = [cm.LatestN(n=keep)]
-    if best:  # also keep the best checkpoint by the task's headline metric
-        policies.append(cm.BestN(get_metric_fn=lambda m: m["score"], reverse=False, n=1))
+    if best:  # also keep the best checkpoint by the task's headline metric (only scored ones)
+        policies.append(
+            cm.BestN(
+                get_metric_fn=lambda m: m["score"], reverse=False, n=1, keep_checkpoints_without_metrics=False
+            )
+        )
     options = ocp.CheckpointManagerOptions(
         preservation_policy=cm.AnyPreservationPolicy(policies),
         enable_async_checkpointing=True,
         create=True,
+        cleanup_tmp_directories=True,  # a save killed midway leaves a temporary directory
     )
     return ocp.CheckpointManager(workdir / "checkpoints", options=options, item_names=("state", "data"))
 

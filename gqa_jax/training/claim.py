@@ -1,0 +1,274 @@
+"""One run per workdir: the lock a ``train`` run takes before it writes anything, and the undo of
+a start that fails before its first step.
+
+The lock is ``<workdir>/lock.json``: the holder's host, pid, boot id, command, start time and a
+heartbeat it refreshes every ``HEARTBEAT_S`` seconds. A second run on the same workdir is refused
+with a line naming the holder. A lock is stale, and is taken over with a message, when its
+holder is gone: on this host, when its pid no longer runs (or the host has rebooted since); from
+another host, when its heartbeat is older than ``STALE_AFTER_S``. A multi-host run locks once, on
+process 0, and every process learns whether it got the lock. On a local disk the lock file is
+created atomically (``O_EXCL``); on gs:// it is checked and then written (an object store has no
+exclusive create here), so two starts within the same second could both pass.
+
+``Claim`` remembers what the workdir held when the run started. A start that fails before its
+first step (a bad checkpoint, out of memory while compiling, a data error) is undone: the files
+and directories this start created are removed, the metrics it moved aside are moved back, the
+config.json it replaced is restored and a workdir it created is removed again, so the corrected
+command starts as if the failed one had never run. Nothing that was there before is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from gqa_jax import paths
+from gqa_jax.errors import RunError
+from gqa_jax.log import log
+
+LOCK_FILE = "lock.json"
+HEARTBEAT_S = 60.0
+STALE_AFTER_S = 600.0
+# What a start may create at the top of a workdir (and so may remove again when it fails).
+STARTED_FILES = frozenset(
+    {"config.json", "model_config.json", "conversion.json", "checkpoints", "tensorboard",
+     "metrics.jsonl", "decodes"}
+)  # fmt: skip
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _holder_text(holder: dict[str, Any]) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
+    return (
+        f"pid {holder.get('pid')} on {holder.get('host')} (started {started}: {holder.get('command', '?')})"
+    )
+
+
+def stale_reason(holder: Any, now: float | None = None) -> str | None:
+    """Why the lock ``holder`` (the parsed lock file) no longer holds, or None while it does."""
+    now = time.time() if now is None else now
+    if not isinstance(holder, dict) or not {"host", "pid", "heartbeat"} <= set(holder):
+        return "the lock file is unreadable (its writer was killed while writing it)"
+    if holder["host"] == socket.gethostname():
+        if holder.get("boot_id") and holder["boot_id"] != _boot_id():
+            return "this host has rebooted since"
+        if holder["pid"] == os.getpid():
+            return None  # this process: another train() on the same workdir is still running
+        return None if _pid_runs(int(holder["pid"])) else f"pid {holder['pid']} no longer runs"
+    age = now - float(holder["heartbeat"])
+    if age > STALE_AFTER_S:
+        return f"its heartbeat is {age:.0f} s old (more than {STALE_AFTER_S:.0f} s)"
+    return None
+
+
+class Lock:
+    """A held ``lock.json``: ``release()`` removes it (only if it is still this run's)."""
+
+    def __init__(self, file: Any, record: dict[str, Any]) -> None:
+        self.file, self.record = file, record
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="gqa_jax-lock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                if _read(self.file) != self.record:
+                    return  # no longer ours (removed by hand): never write over someone else's
+                self.record = self.record | {"heartbeat": time.time()}
+                _write(self.file, self.record)
+            except OSError:
+                pass  # a missed heartbeat; the next one tries again
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            if _read(self.file) == self.record:
+                self.file.unlink()
+        except OSError:
+            pass
+
+
+def _read(file: Any) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _write(file: Any, record: dict[str, Any]) -> None:
+    text = json.dumps(record) + "\n"
+    if paths.is_remote(file):
+        file.write_text(text)
+        return
+    tmp = file.with_name(f"{file.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, file)
+
+
+def _create(file: Any, record: dict[str, Any]) -> bool:
+    """Create ``file`` holding ``record`` unless it exists; whether this call created it."""
+    text = json.dumps(record) + "\n"
+    if paths.is_remote(file):
+        if file.exists():
+            return False
+        file.write_text(text)
+        return _read(file) == record
+    try:
+        fd = os.open(os.fspath(file), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return True
+
+
+def acquire(workdir: Any) -> Lock:
+    """Take ``workdir``'s lock (this process only); a RunError naming the holder when it is held."""
+    file = workdir / LOCK_FILE
+    now = time.time()
+    record = {
+        "host": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(),
+        "command": " ".join(sys.argv), "started": now, "heartbeat": now,
+    }  # fmt: skip
+    for _ in range(3):
+        if _create(file, record):
+            return Lock(file, record)
+        holder = _read(file)
+        if holder is None and time.time() - now < 2:
+            time.sleep(0.2)  # a lock being written right now: read it again
+            holder = _read(file)
+        why = stale_reason(holder)
+        if why is None:
+            raise RunError(
+                f"workdir {workdir} is in use by {_holder_text(holder)}; wait for that run to end or stop "
+                f"it, or use another --workdir (if that process is gone for good, delete {file})"
+            )
+        log(f"taking over the stale lock {file} ({why})")
+        aside = file.with_name(f"{file.name}.stale-{os.getpid()}")
+        try:
+            paths.move(file, aside)  # one of several starts that see the same stale lock moves it
+            aside.unlink()
+        except OSError:
+            pass
+    raise RunError(f"could not take the lock {file}: other runs keep taking it; use another --workdir")
+
+
+def lock_workdir(workdir: Any) -> Lock | None:
+    """Process 0 takes the lock; every process raises the same RunError when it could not."""
+    lock, error = None, None
+    if jax.process_index() == 0:
+        try:
+            lock = acquire(workdir)
+        except RunError as e:
+            error = e
+    if jax.process_count() > 1:
+        ok = np.asarray(multihost_utils.process_allgather(np.asarray(error is None, np.int32)))
+        if not ok.all() and error is None:
+            error = RunError(f"process 0 could not lock {workdir}: its log says why")
+    if error is not None:
+        raise error
+    return lock
+
+
+def _names(directory: Any) -> set[str]:
+    return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
+
+
+class Claim:
+    """The workdir as this start found it; ``rollback()`` puts it back (process 0 writes)."""
+
+    def __init__(self, workdir: Any) -> None:
+        self.workdir = workdir
+        self.is_main = jax.process_index() == 0
+        if workdir.exists() and not workdir.is_dir():
+            raise RunError(f"workdir {workdir} is a file, not a directory: give a directory path")
+        self.created = not workdir.exists()
+        if self.is_main:
+            workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.lock = lock_workdir(workdir)
+        except BaseException:
+            self.lock, self.committed = None, False
+            self.release()  # a workdir made just now is removed again
+            raise
+        self.before = _names(workdir)
+        self.checkpoints_before = _names(workdir / "checkpoints")
+        config = workdir / "config.json"
+        self.config_text = config.read_text() if config.is_file() else None
+        self.moved: list[tuple[Any, Any]] = []  # (from, to): moved aside by this start
+        self.committed = False
+
+    def move_aside(self, src: Any, dst: Any) -> None:
+        """Move ``src`` to ``dst`` (moved back by ``rollback``); process 0 moves, the others wait."""
+        if not self.is_main:
+            return
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        paths.move(src, dst)
+        self.moved.append((src, dst))
+
+    def rollback(self) -> None:
+        """Undo this start: remove what it created, move back what it moved, restore config.json."""
+        if not self.is_main or self.committed:
+            return
+        for src, dst in reversed(self.moved):
+            if dst.exists() and not src.exists():
+                paths.move(dst, src)
+        for name in sorted(_names(self.workdir) - self.before):
+            if name in STARTED_FILES:
+                _remove(self.workdir / name)
+        if "checkpoints" in self.before:
+            for name in _names(self.workdir / "checkpoints") - self.checkpoints_before:
+                _remove(self.workdir / "checkpoints" / name)
+        if self.config_text is not None:
+            (self.workdir / "config.json").write_text(self.config_text)
+        for _src, dst in self.moved:  # the folder that held what was moved aside, now empty
+            for parent in (dst.parent, dst.parent.parent):
+                if parent != self.workdir and parent.is_dir() and not any(parent.iterdir()):
+                    parent.rmdir()
+
+    def release(self) -> None:
+        """Drop the lock; a workdir this start created and left empty is removed."""
+        if self.lock is not None:
+            self.lock.release()
+        if self.is_main and self.created and not self.committed and self.workdir.is_dir():
+            if not any(self.workdir.iterdir()):
+                self.workdir.rmdir()
+
+
+def _remove(path: Any) -> None:
+    if path.is_dir():
+        if paths.is_remote(path):
+            path.rmtree()
+        else:
+            shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()

@@ -1,0 +1,61 @@
+"""``python tests/kill_points.py POINT STEP -- <gqa_jax arguments>``: run the command line in a
+process that SIGKILLs itself at one chosen point, as a power cut or an OOM killer would.
+
+POINT is one of
+  save-start  when checkpoint STEP is about to be written (nothing of it on disk yet)
+  save-commit when every file of checkpoint STEP is written, before orbax renames it into place
+  export      when the final model/ is complete in its temporary directory, before its rename
+"""
+
+import os
+import signal
+import sys
+
+import orbax.checkpoint as ocp
+from orbax.checkpoint._src.path import atomicity
+
+from gqa_jax import __main__ as cli
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    point, step, sep, *argv = sys.argv[1:]
+    assert sep == "--", "usage: kill_points.py POINT STEP -- <gqa_jax arguments>"
+    step = int(step)
+    if point == "save-start":
+        save = ocp.CheckpointManager.save
+
+        def save_or_die(self, at, *args, **kwargs):
+            if at == step:
+                die()
+            return save(self, at, *args, **kwargs)
+
+        ocp.CheckpointManager.save = save_or_die
+    elif point == "save-commit":
+        finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+        async def finalize_or_die(self):
+            if self._final_path.name == str(step):
+                die()
+            return await finalize(self)
+
+        atomicity.AtomicRenameTemporaryPath.finalize = finalize_or_die
+    elif point == "export":
+        replace = os.replace
+
+        def replace_or_die(src, dst, *args, **kwargs):  # the rename of model.tmp-* to model
+            if os.path.basename(os.fspath(dst)) == "model" and ".tmp-" in os.fspath(src):
+                die()
+            return replace(src, dst, *args, **kwargs)
+
+        os.replace = replace_or_die
+    else:
+        raise SystemExit(f"unknown kill point {point}")
+    sys.exit(cli.main(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -33,7 +33,8 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       from a checkpoint only dropout_rate, dtype, remat and scan_layers apply
                       (num_kv_heads, grouped_attentions, param_dtype must equal the checkpoint's)
     optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
-    uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random),
+    uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random|
+                      grouped|aligned|svd: docs/checkpoints.md),
                       attentions (tuple), alpha, original_steps, source_step (int: schedule offset;
                       default original_steps): the run trains round(alpha x original_steps) steps
     batch_size        global rows per step; num_microbatches splits it for gradient accumulation

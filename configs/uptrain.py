@@ -4,8 +4,9 @@
         --workdir runs/up_mqa --config.batch_size=16 --config.input_length=128
 
 The paper's recipe (section 2.1): mean-pool each group's K and V heads (``method``: mean, first
-or random), then train ``round(alpha x original_steps)`` steps of the original pre-training
-(span corruption, same schedule continued from the source's step). From configs/pretrain.py's
+or random; beyond the paper grouped, aligned or svd, docs/checkpoints.md), then train
+``round(alpha x original_steps)`` steps of the original pre-training (span corruption, same
+schedule continued from the source's step). From configs/pretrain.py's
 measured 400-step run (``runs/pt``), that command trains alpha 0.05 of 400 = 20 steps (``kv=2``:
 GQA-2); the fixed demo that preceded the mini ran exactly this stage (its measurements:
 docs/training.md). ``alpha=0`` trains no step: the conversion is saved as ``model/`` and, with

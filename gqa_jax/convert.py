@@ -10,11 +10,16 @@ are also the query heads ``n`` with ``n // (N // K') == j``):
 - ``mean``: their mean (the paper's method, section 2.1);
 - ``first``: source head ``j * G'``;
 - ``random``: a fresh draw from the model's K/V initializer (``fan_in_init(D)``), keyed by the
-  seed and the parameter's path, so the same seed always gives the same parameters.
+  seed and the parameter's path, so the same seed always gives the same parameters;
+- ``grouped``, ``aligned``, ``svd`` (``gqa_jax.head_merging``, beyond the paper): groups chosen by
+  similarity, heads rotated onto their group's first before the mean, the group's best rank-H
+  fit; they also rewrite the query and output projections (and, for ``grouped`` self-attention,
+  the stack's relative position bias), whole layers at a time.
 
-Everything else (query and output projections, norms, MLPs, embeddings, relative position
-biases, attentions not converted) is copied unchanged. Arithmetic is float32 whatever the
-stored dtype; results are cast back to the stored dtype. Because the group of a source head is
+Everything else (for the paper's three methods: query and output projections, norms, MLPs,
+embeddings, relative position biases, attentions not converted) is copied unchanged. Arithmetic
+is float32 (float64 for the other three) whatever the stored dtype; results are cast back to the
+stored dtype. Because the group of a source head is
 contiguous, conversions chain: MHA -> GQA-4 -> MQA by ``mean`` is MHA -> MQA up to rounding.
 
 Which attentions are grouped in the target config (``ModelConfig`` has ONE ``num_kv_heads``
@@ -50,13 +55,13 @@ from flax import nnx
 from flax.nnx import traversals
 from jax.sharding import NamedSharding
 
-from gqa_jax import __version__, checkpoints, paths, sharding
+from gqa_jax import __version__, checkpoints, head_merging, paths, sharding
 from gqa_jax.config import ATTENTION_KINDS, ModelConfig
 from gqa_jax.layers import fan_in_init
 from gqa_jax.log import log
 from gqa_jax.model import T5, FlatParams, Path_, build, check_params, dotted, flat_params
 
-METHODS = ("mean", "first", "random")
+METHODS = ("mean", "first", "random", *head_merging.MERGES)
 DEFAULT_ATTENTIONS = ("decoder_self", "cross")  # the paper's (section 3.1)
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = {"format": "gqa_jax.convert", "version": 1}
@@ -104,8 +109,13 @@ def to_grouped(
 
     K2 = num_kv_heads
     params: FlatParams = {}
+    orders = None
+    if method in head_merging.MERGES:  # whole layers at a time (they rewrite the queries too)
+        params, orders = _merge_layers(source, config, K2, method, attentions)
     for path, value in source.items():
         kind = _attention_kind(path)
+        if path in params:
+            continue
         if kind not in attentions or path[-1] not in ("key", "value"):
             params[path] = jnp.asarray(value)  # unchanged (the very same jax.Array)
             continue
@@ -128,7 +138,7 @@ def to_grouped(
         "attentions": list(attentions),
         "source_config": config.to_dict(),
         "target_config": new_config.to_dict(),
-        "groups": group_map(config, K2, attentions),
+        "groups": group_map(config, K2, attentions, orders),
         "source_params_sha256": _hash(source),
         "target_params_sha256": _hash(params),
     }
@@ -168,11 +178,18 @@ def target_config(config: ModelConfig, num_kv_heads: int, attentions: tuple[str,
     return config.replace(num_kv_heads=K2, grouped_attentions=tuple(grouped))
 
 
-def group_map(config: ModelConfig, num_kv_heads: int, attentions: tuple[str, ...]) -> dict[str, Any]:
+def group_map(
+    config: ModelConfig,
+    num_kv_heads: int,
+    attentions: tuple[str, ...],
+    orders: dict[str, list[list[int]]] | None = None,
+) -> dict[str, Any]:
     """Which source K/V heads went into which target head, per converted attention.
 
     ``{"cross": {"source_kv_heads": 4, "target_kv_heads": 2, "groups": [[0, 1], [2, 3]]}}``:
-    target head ``j`` comes from ``groups[j]`` (the same in every layer).
+    target head ``j`` comes from ``groups[j]`` (the same in every layer). With ``orders`` (the
+    ``grouped`` method's head order per layer), ``groups`` is per layer, ``[[[0, 2], [1, 3]], ...]``,
+    and ``order`` holds the permutation of the K/V heads (with their query heads and output rows).
     """
     out = {}
     for kind in _normalize_attentions(attentions):
@@ -180,7 +197,48 @@ def group_map(config: ModelConfig, num_kv_heads: int, attentions: tuple[str, ...
         G2 = K // num_kv_heads
         groups = [list(range(j * G2, (j + 1) * G2)) for j in range(num_kv_heads)]
         out[kind] = {"source_kv_heads": K, "target_kv_heads": num_kv_heads, "groups": groups}
+        if orders is not None:
+            out[kind]["order"] = orders[kind]
+            out[kind]["groups"] = [[[order[m] for m in g] for g in groups] for order in orders[kind]]
     return out
+
+
+def _merge_layers(
+    source: FlatParams, config: ModelConfig, K2: int, method: str, attentions: tuple[str, ...]
+) -> tuple[FlatParams, dict[str, list[list[int]]] | None]:
+    """The ``head_merging`` methods, layer by layer: the new q / k / v / o of every converted
+    attention (and, for ``grouped`` self-attention, its stack's relative position bias, whose
+    columns follow the query heads; one head order for the whole stack, since the layers share
+    that bias), plus the head orders (``grouped``) per attention and layer."""
+    out: FlatParams = {}
+    orders: dict[str, list[list[int]]] = {}
+    for kind in attentions:
+        stack, module = _LOCATIONS[kind]
+        layers = config.num_encoder_layers if stack == "encoder" else config.num_decoder_layers
+        names = ("query", "key", "value", "out")
+        paths = [[(stack, "layers", i, module, n) for n in names] for i in range(layers)]
+        arrays = [[np.asarray(source[p], np.float64) for p in row] for row in paths]
+        K = arrays[0][1].shape[1]
+        if method == "grouped":
+            feats = [head_merging.head_features(k, v) for _, k, v, _ in arrays]
+            if kind == "cross":  # no position bias: each layer its own groups
+                order = [head_merging.similar_groups(f, K // K2) for f in feats]
+            else:  # the stack's bias follows the query heads: one order for every layer
+                order = [head_merging.similar_groups(np.concatenate(feats, axis=1), K // K2)] * layers
+            orders[kind] = order
+        for i, (q, k, v, o) in enumerate(arrays):
+            if method == "grouped":
+                q, k, v, o, query_order = head_merging.permute(q, k, v, o, order[i])
+                k, v = head_merging.mean_pool(k, K2), head_merging.mean_pool(v, K2)
+            else:
+                q, k, v, o = getattr(head_merging, method)(q, k, v, o, K2)
+            for path, new in zip(paths[i], (q, k, v, o), strict=True):
+                out[path] = _place_like(source[path], path, new.astype(np.asarray(source[path]).dtype))
+        if method == "grouped" and kind != "cross":
+            bias = (stack, "relpos", "embedding")
+            table = np.asarray(source[bias])  # [buckets, N]
+            out[bias] = _place_like(source[bias], bias, table[:, query_order])
+    return out, (orders if method == "grouped" else None)
 
 
 def content_hash(model_or_params: T5 | nnx.State | dict) -> str:

@@ -53,7 +53,10 @@ def load_file(spec: str | os.PathLike) -> ml_collections.ConfigDict:
     module = load_module(file)
     if not hasattr(module, "get_config"):
         raise ValueError(f"config file {file} has no get_config() function")
-    config = module.get_config(variant) if variant else module.get_config()
+    try:
+        config = module.get_config(variant) if variant else module.get_config()
+    except TypeError as e:  # ml_collections: a value of the wrong type for a typed field
+        raise ValueError(f"config file {file}: {' '.join(str(e).split())}") from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ValueError(f"{file}: get_config() must return an ml_collections.ConfigDict")
     return config

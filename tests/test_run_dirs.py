@@ -94,6 +94,18 @@ def test_bad_config_values_are_one_line_and_write_nothing(
     assert not workdir.exists()
 
 
+def test_a_config_file_with_a_wrong_type_is_one_line(capsys, small_vocab, tmp_path):
+    config = tmp_path / "mine.py"
+    config.write_text(
+        "from gqa_jax import run_config\n"
+        f"base = run_config.load_module({str(REPO / 'configs' / 'base.py')!r})\n"
+        "def get_config():\n    c = base.get_config()\n    c.input_length = '128'\n    return c\n"
+    )
+    code, lines = train(capsys, tmp_path / "run", small_vocab.path, tmp_path / "data", config=str(config))
+    one_line_error(code, lines, f"config file {config}: Could not override field 'input_length'")
+    assert not (tmp_path / "run").exists()
+
+
 def test_empty_file_and_unwritable_workdirs_are_one_line(capsys, small_vocab, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     one_line_error(*train(capsys, "", small_vocab.path, tmp_path / "data"), "workdir is an empty path")

@@ -27,7 +27,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="target K/V heads K' of the converted attentions (1 = MQA); must divide the source's",
     )
     p.add_argument(
-        "--method", choices=METHODS, help="new K/V head per group: mean (the paper's), first, random"
+        "--method",
+        choices=METHODS,
+        help="new K/V head per group: mean (the paper's), first, random; grouped (groups by similarity), "
+        "aligned (rotated onto the group's first head), svd (the group's best rank-H fit); "
+        "docs/checkpoints.md",
     )
     p.add_argument(
         "--attentions",

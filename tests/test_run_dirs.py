@@ -369,3 +369,25 @@ def test_a_second_run_is_refused_and_sigint_stops_the_first(suite_subset, small_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"from step {stopped}" in resumed.stderr
     assert steps_of(wd) == list(range(1, stopped + 3))
+
+
+def test_fine_tuning_keeps_the_last_checkpoints_and_the_best_scored_one(capsys, suite_subset, small_vocab,
+                                                                        tmp_path, monkeypatch):  # fmt: skip
+    """keep_checkpoints=2 with evaluations at steps 3 and 6: the unscored checkpoints (0, 1, 2, 4)
+    go, the last two and the best scored one stay."""
+    from gqa_jax.data import stdlib_extract
+
+    data, _ = suite_subset
+    monkeypatch.setenv(stdlib_extract.MAX_FILES_ENV, "16")
+    wd = tmp_path / "ft"
+    code = cli.main(["train", "--config", str(REPO / "configs" / "finetune.py") + ":task=stdlib_docsum",
+                     "--workdir", str(wd), f"--config.data_dir={data}", f"--config.vocab={small_vocab.path}",
+                     "--config.batch_size=4", "--config.input_length=64", "--config.target_length=16",
+                     "--config.num_train_steps=6", "--config.checkpoint_every=1", "--config.eval_every=3",
+                     "--config.eval_examples=4", "--config.eval_batch_size=4", "--config.keep_checkpoints=2",
+                     "--config.progress=False", "--noconfig.eval_at_start"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err[-3000:]
+    best = json.loads((wd / "summary.json").read_text())["best_step"]
+    assert best in (3, 6)
+    kept = {int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()}
+    assert kept == {5, 6, best}

@@ -8,6 +8,8 @@ Multi-News and TriviaQA (dev sets).
 
 Expected runtime: three Large uptrainings (50k steps each) and nine fine-tunings: TPU-pod scale.
 The paper's finding: Mean > First > Random (it plots the bars; it prints no numbers).
+``--set methods=all`` adds the conversions beyond the paper (grouped, aligned, svd:
+docs/checkpoints.md) as three more uptrainings with their fine-tunings, beside the paper's three.
 """
 
 from gqa_jax.experiments import paper
@@ -21,12 +23,14 @@ PARAMS = {
     "finetune_steps": paper.FINETUNE_STEPS,
     "eval_every": paper.EVAL_EVERY,
     "seeds": 1,
+    "methods": "paper",  # mean, first, random; "all" adds grouped, aligned, svd (beyond the paper)
 }
 
 
 def get_sweep(params):
     runs = []
-    for method in paper.FIG4_METHODS:
+    methods = paper.conversion_methods(params["methods"])
+    for method in methods:
         up = f"uptrain_mqa_large_{method}"
         runs.append(R.uptrain(up, params["t5_large"], 1, params, method=method, tags={"method": method}))
         for task, *_ in paper.FIG4_TASKS:
@@ -34,6 +38,6 @@ def get_sweep(params):
                 tags = {"model": "MQA-Large", "method": method}
                 runs += R.finetune_and_evaluate(method, f"{{run:{up}}}/model", task, params, seed=seed,
                                                 deps=(up,), tags=tags)  # fmt: skip
-    info = {"tasks": [list(t) for t in paper.FIG4_TASKS], "methods": list(paper.FIG4_METHODS),
+    info = {"tasks": [list(t) for t in paper.FIG4_TASKS], "methods": list(methods),
             "claim": "Mean > First > Random"}  # fmt: skip
     return Sweep("fig4_conversion", tuple(runs), info)

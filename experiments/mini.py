@@ -15,7 +15,8 @@ greedy decoding is timed at each set of the tasks' lengths. The figures:
 
 - Fig. 3 from Table 1;
 - Fig. 4: the Large role -> MQA by mean / first / random, uptrained at alpha 0.05, scored on a
-  proxy: the dev span-corruption loss after uptraining (lower is better);
+  proxy: the dev span-corruption loss after uptraining (lower is better); ``--set methods=all``
+  adds grouped, aligned and svd (beyond the paper, docs/checkpoints.md);
 - Fig. 5: the XXL role's MQA and GQA at alpha 0 (converted, no step), 0.05 and 0.1, on the same
   proxy, with the MHA XXL role's pre-training dev loss as the reference line;
 - Fig. 6: time per sample against the number of groups (1, 2, 4, 8) at the XXL role's shape on
@@ -42,7 +43,8 @@ from gqa_jax.experiments import paper
 from gqa_jax.experiments import runs as R
 from gqa_jax.experiments.sweep import Run, Sweep
 
-PARAMS = {"scale": "default", "data_dir": None, "vocab": None}
+# methods: Fig. 4's conversions, "paper" (mean, first, random) or "all" (+ grouped, aligned, svd)
+PARAMS = {"scale": "default", "data_dir": None, "vocab": None, "methods": "paper"}
 
 _L = {
     "d_model": 64,
@@ -202,7 +204,7 @@ def get_sweep(params):
                 )
             )
     # Fig. 4: the Large role -> MQA by each method, alpha 0.05.
-    for method in paper.FIG4_METHODS:
+    for method in paper.conversion_methods(params["methods"]):
         runs.append(uptrain(f"uptrain_large_mqa_{method}", "Large", 1, 0.05, method, {"method": method}))
 
     # Table 1: fine-tune every role on every task, score its best dev checkpoint, time it.
@@ -274,10 +276,10 @@ def get_sweep(params):
                 **timing,
             )
         )
-    return Sweep("mini", tuple(runs), _paper(s))
+    return Sweep("mini", tuple(runs), _paper(s, paper.conversion_methods(params["methods"])))
 
 
-def _paper(s):
+def _paper(s, methods=paper.FIG4_METHODS):
     """The report's schema: the paper's Table 1 rows beside our roles, the figures' axes."""
     gqa = f"GQA-{s['gqa']}-XXL"
     ours = {"MHA-Large": "MHA-Large", "MHA-XXL": "MHA-XXL", "MQA-XXL": "MQA-XXL", gqa: "GQA-8-XXL"}
@@ -296,7 +298,7 @@ def _paper(s):
     long_in, long_out = s["long"]
     return {
         "table1": {"tasks": tasks, "rows": rows, "note": note},
-        "fig4": {"methods": list(paper.FIG4_METHODS), "claim": "Mean > First > Random"},
+        "fig4": {"methods": list(methods), "claim": "Mean > First > Random"},
         "fig5": {"alphas": list(s["alphas"]), "models": ["MQA-XXL", gqa], "reference": "MHA-XXL"},
         "fig6": {
             "groups": list(s["groups"]),

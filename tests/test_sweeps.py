@@ -127,6 +127,19 @@ def test_fig4_dry_run_converts_large_to_mqa_by_each_method():
         check_evaluate(argv, workdirs)
 
 
+def test_fig4_and_the_mini_take_the_methods_beyond_the_paper():
+    beyond = ("grouped", "aligned", "svd")
+    for name in ("fig4_conversion", "mini"):
+        first = "t5_large=/ck/large" if name == "fig4_conversion" else "scale=quick"
+        commands = by_stage(dry_run(name, first, "methods=all"))
+        methods = {variant(a)["method"] for a in commands["uptrain"] if "method" in variant(a)}
+        assert set(beyond) <= methods and {"mean", "first", "random"} <= methods, (name, methods)
+    assert load_sweep(REPO / "experiments" / "mini.py", ["methods=mean,svd"]).paper["fig4"]["methods"] == [
+        "mean", "svd"]  # fmt: skip
+    with pytest.raises(ValueError, match="methods='median': name 'paper', 'all' or some of mean"):
+        load_sweep(REPO / "experiments" / "fig4_conversion.py", ["methods=median"])
+
+
 def test_fig5_dry_run_covers_alpha_0_005_01_for_mqa_and_gqa8_and_the_mha_reference():
     commands = by_stage(dry_run("fig5_alpha", "t5_xxl=/ck/xxl"))
     converted = {options(a)["num-kv-heads"] for a in commands["convert"]}  # alpha 0: converted only

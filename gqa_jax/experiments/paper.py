@@ -48,6 +48,25 @@ TABLE1: dict[str, dict[str, Any]] = {
 FIG4_TASKS = (("cnn_dailymail", "CNN R1", "ROUGE-1"), ("multi_news", "MultiNews R1", "ROUGE-1"),
               ("trivia_qa", "TriviaQA F1", "F1"))  # fmt: skip
 FIG4_METHODS = ("mean", "first", "random")
+# Beyond the paper (gqa_jax.head_merging): the Fig. 4 sweeps take them with --set methods=all.
+FIG4_MORE_METHODS = ("grouped", "aligned", "svd")
+
+
+def conversion_methods(value: str) -> tuple[str, ...]:
+    """A Fig. 4 sweep's ``methods`` parameter: ``paper`` (mean, first, random), ``all`` (those and
+    grouped, aligned, svd) or a comma-separated list of them."""
+    known = FIG4_METHODS + FIG4_MORE_METHODS
+    if value == "paper":
+        return FIG4_METHODS
+    if value == "all":
+        return known
+    chosen = tuple(m.strip() for m in str(value).split(",") if m.strip())
+    unknown = [m for m in chosen if m not in known]
+    if unknown or not chosen:
+        raise ValueError(
+            f"methods={value!r}: name 'paper', 'all' or some of {', '.join(known)} (comma-separated)"
+        )
+    return chosen
 # Figure 5: XXL MQA and GQA-8 at these uptraining fractions (0: converted, not uptrained).
 FIG5_ALPHAS = (0.0, 0.05, 0.1)
 # Figure 6: XXL time per sample against the number of groups, input 2048 / output 512.

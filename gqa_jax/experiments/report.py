@@ -292,7 +292,7 @@ def fig4(records: Sequence[Record], schema: Mapping[str, Any], proxy: str | None
         bars = {m: [*b, mean_of(b)] for m, b in bars.items()}
     title, ylabel = _proxy_labels(proxy, "score")
     return {
-        "title": "Fig. 4: conversion methods (MQA, mean / first / random)" + title,
+        "title": f"Fig. 4: conversion methods (MQA, {' / '.join(methods)})" + title,
         "ylabel": ylabel,
         "groups": groups,
         "columns": [t for t, _ in tasks] + (["mean"] if len(tasks) > 1 else []),

@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prefix}: error: {error_line(e)}", file=sys.stderr)
         return 2
     finally:
-        sys.unraisablehook, _ = hook, absl_logger.setLevel(level)
+        sys.unraisablehook = hook
+        absl_logger.setLevel(level)
 
 
 if __name__ == "__main__":

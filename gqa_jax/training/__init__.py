@@ -7,7 +7,7 @@ SIGTERM) <- ``loop`` (``train()``). The names below are the package's public API
 """
 
 from gqa_jax.training.evaluation import evaluate
-from gqa_jax.training.loop import check_config, init_model, load_vocab, num_steps, train
+from gqa_jax.training.loop import init_model, load_vocab, num_steps, train
 from gqa_jax.training.state import (
     FINETUNE_LR,
     T5_WARMUP_STEPS,
@@ -21,7 +21,7 @@ from gqa_jax.training.state import (
     state_shardings,
 )
 from gqa_jax.training.step import Z_LOSS, cross_entropy, make_eval_step, make_train_step, train_step
-from gqa_jax.training.validate import RECIPES
+from gqa_jax.training.validate import RECIPES, check_config
 from gqa_jax.training.workdir import RESTART_MAY_CHANGE
 
 __all__ = [

@@ -289,7 +289,7 @@ def open_split(task: str | Task, split: str, data_dir: str | os.PathLike | None 
     ) from cause
 
 
-# Hosts TFDS downloads the paper's datasets from (any one answering means there is a network).
+# Well-known hosts probed before a download: when none answers, there is no network to download from.
 PROBE_HOSTS = (("storage.googleapis.com", 443), ("huggingface.co", 443), ("github.com", 443))
 
 

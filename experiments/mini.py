@@ -15,8 +15,9 @@ greedy decoding is timed at each set of the tasks' lengths. The figures:
 
 - Fig. 3 from Table 1;
 - Fig. 4: the Large role -> MQA by mean / first / random, uptrained at alpha 0.05, scored on a
-  proxy: the dev span-corruption loss after uptraining (lower is better); ``--set methods=all``
-  adds grouped, aligned and svd (beyond the paper, docs/checkpoints.md);
+  proxy: the dev span-corruption loss right after the conversion and after uptraining (lower is
+  better); ``--set methods=all`` adds grouped, aligned and svd (beyond the paper,
+  docs/checkpoints.md), ``--set fig4_seeds=3`` three uptraining seeds of each;
 - Fig. 5: the XXL role's MQA and GQA at alpha 0 (converted, no step), 0.05 and 0.1, on the same
   proxy, with the MHA XXL role's pre-training dev loss as the reference line;
 - Fig. 6: time per sample against the number of groups (1, 2, 4, 8) at the XXL role's shape on
@@ -43,8 +44,9 @@ from gqa_jax.experiments import paper
 from gqa_jax.experiments import runs as R
 from gqa_jax.experiments.sweep import Run, Sweep
 
-# methods: Fig. 4's conversions, "paper" (mean, first, random) or "all" (+ grouped, aligned, svd)
-PARAMS = {"scale": "default", "data_dir": None, "vocab": None, "methods": "paper"}
+# methods: Fig. 4's conversions, "paper" (mean, first, random) or "all" (+ grouped, aligned, svd);
+# fig4_seeds: uptraining seeds of each (their spread is in the report)
+PARAMS = {"scale": "default", "data_dir": None, "vocab": None, "methods": "paper", "fig4_seeds": 1}
 
 _L = {
     "d_model": 64,
@@ -180,8 +182,8 @@ def get_sweep(params):
     src = {role: f"{{run:pretrain_{role.lower()}}}/model" for role in s["shapes"]}
     up = dict(span, eval_every=0, checkpoint_every=1000)
 
-    def uptrain(name, role, kv, alpha, method="mean", tags=None):
-        alpha_fields = {"eval_at_start": True} if alpha == 0 else {}
+    def uptrain(name, role, kv, alpha, method="mean", tags=None, seed=0, at_start=False):
+        alpha_fields = {"eval_at_start": True} if alpha == 0 or at_start else {}
         return R.uptrain(
             name,
             src[role],
@@ -191,6 +193,7 @@ def get_sweep(params):
             alpha=alpha,
             original_steps=steps,
             deps=(f"pretrain_{role.lower()}",),
+            seed=seed,
             tags=tags,
             **{**up, **alpha_fields},
         )
@@ -203,9 +206,13 @@ def get_sweep(params):
                     f"uptrain_xxl_k{kv}_a{alpha:g}", "XXL", kv, alpha, tags={"model": model, "alpha": alpha}
                 )
             )
-    # Fig. 4: the Large role -> MQA by each method, alpha 0.05.
+    # Fig. 4: the Large role -> MQA by each method, alpha 0.05, scored converted (step 0) and
+    # uptrained, over fig4_seeds uptraining seeds (seed 0's run keeps its name).
     for method in paper.conversion_methods(params["methods"]):
-        runs.append(uptrain(f"uptrain_large_mqa_{method}", "Large", 1, 0.05, method, {"method": method}))
+        for seed in range(int(params["fig4_seeds"])):
+            name = f"uptrain_large_mqa_{method}" + (f"_s{seed}" if seed else "")
+            tags = {"method": method, "seed": seed}
+            runs.append(uptrain(name, "Large", 1, 0.05, method, tags, seed=seed, at_start=True))
 
     # Table 1: fine-tune every role on every task, score its best dev checkpoint, time it.
     ft = s["finetune"]

@@ -136,6 +136,11 @@ def test_fig4_and_the_mini_take_the_methods_beyond_the_paper():
         assert set(beyond) <= methods and {"mean", "first", "random"} <= methods, (name, methods)
     assert load_sweep(REPO / "experiments" / "mini.py", ["methods=mean,svd"]).paper["fig4"]["methods"] == [
         "mean", "svd"]  # fmt: skip
+    uptrains = by_stage(dry_run("mini", "scale=quick", "methods=mean,svd", "fig4_seeds=3"))["uptrain"]
+    fig4 = [a for a in uptrains if Path(options(a)["workdir"]).name.startswith("uptrain_large_mqa_")]
+    assert sorted((variant(a)["method"], options(a)["config.seed"]) for a in fig4) == [
+        (m, str(s)) for m in ("mean", "svd") for s in range(3)]  # fmt: skip
+    assert all(options(a)["config.eval_at_start"] == "True" for a in fig4)  # the converted model's loss
     with pytest.raises(ValueError, match="methods='median': name 'paper', 'all' or some of mean"):
         load_sweep(REPO / "experiments" / "fig4_conversion.py", ["methods=median"])
 

@@ -87,6 +87,7 @@ class Record:
     score: float | None = None  # results.json primary
     time: float | None = None  # timing.json time_per_sample_s
     loss: float | None = None  # last eval/loss of metrics.jsonl
+    start_loss: float | None = None  # eval/loss at step 0 (eval_at_start: the converted model's)
     machine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -101,14 +102,15 @@ def _finite(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def last_eval_loss(path: Path) -> float | None:
-    """The last ``eval/loss`` of a metrics.jsonl (None without a file or such a line)."""
+def eval_losses(path: Path) -> tuple[float | None, float | None]:
+    """``(eval/loss at step 0, the last eval/loss)`` of a metrics.jsonl (None where there is none)."""
     if not path.is_file():
-        return None
+        return None, None
     from gqa_jax.metric_writers import read_metrics
 
-    losses = [r["eval/loss"] for r in read_metrics(path) if "eval/loss" in r]
-    return _finite(losses[-1]) if losses else None
+    rows = [r for r in read_metrics(path) if "eval/loss" in r]
+    start = [r["eval/loss"] for r in rows if r.get("step") == 0]
+    return (_finite(start[0]) if start else None), (_finite(rows[-1]["eval/loss"]) if rows else None)
 
 
 def read_run(root: Path, run: Run) -> Record:
@@ -120,12 +122,14 @@ def read_run(root: Path, run: Run) -> Record:
     if status != "done":
         return Record(run, status)
     results, timing = _json(d / "results.json") or {}, _json(d / "timing.json") or {}
+    start, last = eval_losses(d / "metrics.jsonl") if run.stage in PROXY_STAGES else (None, None)
     return Record(
         run,
         status,
         score=_finite(results.get("primary")),
         time=_finite(timing.get("time_per_sample_s")),
-        loss=last_eval_loss(d / "metrics.jsonl") if run.stage in PROXY_STAGES else None,
+        loss=last,
+        start_loss=start,
         machine=timing.get("machine") or {},
     )
 
@@ -276,10 +280,13 @@ def _proxy_labels(proxy: str | None, metric: str) -> tuple[str, str]:
 def fig4(records: Sequence[Record], schema: Mapping[str, Any], proxy: str | None) -> dict[str, Any]:
     """Figure 4: a bar per conversion method per task (and their mean), or of the proxy."""
     if proxy:
-        cells = gather(
-            records, _runs(PROXY_STAGES, "method", part="fig4"), lambda r: (r.tags["method"], proxy), "loss"
-        )
+        select = _runs(PROXY_STAGES, "method", part="fig4")
+        cells = gather(records, select, lambda r: (r.tags["method"], proxy), "loss")
         tasks = [(proxy, "dev loss")]
+        starts = gather(records, select, lambda r: (r.tags["method"], "converted"), "start_loss")
+        if any(st.n for st in starts.values()):  # evaluated at step 0 too: the converted model, first
+            cells |= starts
+            tasks = [("converted", "converted (step 0)"), (proxy, "uptrained")]
     else:
         select = _runs("evaluate", "method", "task", part="fig4")
         cells = gather(records, select, lambda r: (r.tags["method"], r.tags["task"]), "score")
@@ -287,7 +294,7 @@ def fig4(records: Sequence[Record], schema: Mapping[str, Any], proxy: str | None
     methods = _unique([*schema.get("methods", []), *(m for m, _ in cells)])
     bars = {m: [cells.get((m, t), Stat(None)) for t, _ in tasks] for m in methods}
     groups = [label for _, label in tasks]
-    if len(tasks) > 1:
+    if len(tasks) > 1 and not proxy:  # a mean over tasks (not over the proxy's two steps)
         groups.append("mean")
         bars = {m: [*b, mean_of(b)] for m, b in bars.items()}
     title, ylabel = _proxy_labels(proxy, "score")
@@ -295,7 +302,7 @@ def fig4(records: Sequence[Record], schema: Mapping[str, Any], proxy: str | None
         "title": f"Fig. 4: conversion methods (MQA, {' / '.join(methods)})" + title,
         "ylabel": ylabel,
         "groups": groups,
-        "columns": [t for t, _ in tasks] + (["mean"] if len(tasks) > 1 else []),
+        "columns": [t for t, _ in tasks] + (["mean"] if len(tasks) > 1 and not proxy else []),
         "bars": bars,
         "proxy": proxy,
         "lower_is_better": proxy is not None,

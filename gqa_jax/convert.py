@@ -113,9 +113,9 @@ def to_grouped(
     if method in head_merging.MERGES:  # whole layers at a time (they rewrite the queries too)
         params, orders = _merge_layers(source, config, K2, method, attentions)
     for path, value in source.items():
-        kind = _attention_kind(path)
-        if path in params:
+        if path in params:  # written by _merge_layers
             continue
+        kind = _attention_kind(path)
         if kind not in attentions or path[-1] not in ("key", "value"):
             params[path] = jnp.asarray(value)  # unchanged (the very same jax.Array)
             continue

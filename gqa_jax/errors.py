@@ -17,11 +17,11 @@ class RunError(Exception):
 
 
 class Stopped(Exception):
-    """The run stopped on a signal at ``step``; ``saved`` says whether that step's checkpoint is
-    complete (a resume continues from it)."""
+    """The run stopped on a signal at ``step``, whose checkpoint is complete (a resume continues
+    from it)."""
 
-    def __init__(self, step: int, signum: int, saved: bool = True) -> None:
-        self.step, self.signum, self.saved = step, signum, saved
+    def __init__(self, step: int, signum: int) -> None:
+        self.step, self.signum = step, signum
         name = signal.Signals(signum).name
-        where = f"checkpoint {step} is saved" if saved else "no checkpoint of it was saved"
-        super().__init__(f"stopped at step {step} on {name} ({where}); resume with the same command")
+        saved = f"checkpoint {step} is saved"
+        super().__init__(f"stopped at step {step} on {name} ({saved}); resume with the same command")

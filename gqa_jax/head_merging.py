@@ -32,7 +32,7 @@ import numpy as np
 MERGES = ("grouped", "aligned", "svd")
 
 
-def query_heads(m: int, num_heads: int, num_kv: int) -> slice:
+def _query_heads(m: int, num_heads: int, num_kv: int) -> slice:
     """The query heads that read source K/V head ``m``."""
     r = num_heads // num_kv
     return slice(m * r, (m + 1) * r)
@@ -43,7 +43,7 @@ def permute(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, order: l
     and output rows: the layer computes the same function. Returns ``(q, k, v, o, query_order)``;
     ``query_order`` is the query-head permutation (for a per-head relative position bias)."""
     N, K = q.shape[1], k.shape[1]
-    query_order = [n for m in order for n in range(N)[query_heads(m, N, K)]]
+    query_order = [n for m in order for n in range(N)[_query_heads(m, N, K)]]
     return q[:, query_order], k[:, order], v[:, order], o[query_order], query_order
 
 
@@ -89,7 +89,7 @@ def aligned(q, k, v, o, num_kv: int):
     for j in range(num_kv):
         ref = j * G
         for m in range(ref + 1, ref + G):
-            heads = query_heads(m, N, K)
+            heads = _query_heads(m, N, K)
             r = _procrustes(k[:, m], k[:, ref])
             k[:, m], q[:, heads] = k[:, m] @ r, q[:, heads] @ r
             s = _procrustes(v[:, m], v[:, ref])
@@ -122,7 +122,7 @@ def svd(q, k, v, o, num_kv: int):
         new_k[:, j], ck = _shared_basis(k[:, members])
         new_v[:, j], ev = _shared_basis(v[:, members])
         for g in range(G):
-            heads = query_heads(j * G + g, N, K)
+            heads = _query_heads(j * G + g, N, K)
             q[:, heads] = np.einsum("dnh,ih->dni", q[:, heads], ck[g])  # qn Cm^T
             o[heads] = np.einsum("ih,nhd->nid", ev[g], o[heads])  # Em on
     return q, new_k, new_v, o

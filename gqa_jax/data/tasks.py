@@ -293,7 +293,7 @@ def open_split(task: str | Task, split: str, data_dir: str | os.PathLike | None 
 PROBE_HOSTS = (("storage.googleapis.com", 443), ("huggingface.co", 443), ("github.com", 443))
 
 
-def check_network(task: Task, data_dir: str, timeout: float = 5.0) -> None:
+def _check_network(task: Task, data_dir: str, timeout: float = 5.0) -> None:
     """A ValueError within a few seconds when no download host answers, with the way to build the
     dataset without a network here."""
     for host, port in PROBE_HOSTS:
@@ -336,6 +336,6 @@ def prepare(
     config = tfds.download.DownloadConfig(manual_dir=str(manual_dir) if manual_dir else None)
     builder = tfds.builder(task.source, data_dir=data_dir, file_format="array_record")
     if not builder.is_prepared() and task.name != "mediasum":
-        check_network(task, data_dir)  # fail fast, not after minutes of download retries
+        _check_network(task, data_dir)  # fail fast, not after minutes of download retries
     builder.download_and_prepare(download_config=config)
     return {name: info.num_examples for name, info in builder.info.splits.items()}

@@ -71,7 +71,7 @@ def _holder_text(holder: dict[str, Any]) -> str:
     )
 
 
-def stale_reason(holder: Any, now: float | None = None) -> str | None:
+def _stale_reason(holder: Any, now: float | None = None) -> str | None:
     """Why the lock ``holder`` (the parsed lock file) no longer holds, or None while it does."""
     now = time.time() if now is None else now
     if not isinstance(holder, dict) or not {"host", "pid", "heartbeat"} <= set(holder):
@@ -102,10 +102,11 @@ class Lock:
             try:
                 if _read(self.file) != self.record:
                     return  # no longer ours (removed by hand): never write over someone else's
-                self.record = self.record | {"heartbeat": time.time()}
-                _write(self.file, self.record)
+                beat = self.record | {"heartbeat": time.time()}
+                _write(self.file, beat)
+                self.record = beat  # only once the file holds it
             except OSError:
-                pass  # a missed heartbeat; the next one tries again
+                continue  # a missed heartbeat; the next one tries again
 
     def release(self) -> None:
         self._stop.set()
@@ -113,8 +114,8 @@ class Lock:
         try:
             if _read(self.file) == self.record:
                 self.file.unlink()
-        except OSError:
-            pass
+        except OSError:  # left behind, the lock is stale (its pid is gone): the next run takes it over
+            return
 
 
 def _read(file: Any) -> Any:
@@ -151,7 +152,7 @@ def _create(file: Any, record: dict[str, Any]) -> bool:
     return True
 
 
-def acquire(workdir: Any) -> Lock:
+def _acquire(workdir: Any) -> Lock:
     """Take ``workdir``'s lock (this process only); a RunError naming the holder when it is held."""
     file = workdir / LOCK_FILE
     now = time.time()
@@ -166,7 +167,7 @@ def acquire(workdir: Any) -> Lock:
         if holder is None and time.time() - now < 2:
             time.sleep(0.2)  # a lock being written right now: read it again
             holder = _read(file)
-        why = stale_reason(holder)
+        why = _stale_reason(holder)
         if why is None:
             raise RunError(
                 f"workdir {workdir} is in use by {_holder_text(holder)}; wait for that run to end or stop "
@@ -182,12 +183,12 @@ def acquire(workdir: Any) -> Lock:
     raise RunError(f"could not take the lock {file}: other runs keep taking it; use another --workdir")
 
 
-def lock_workdir(workdir: Any) -> Lock | None:
+def _lock_workdir(workdir: Any) -> Lock | None:
     """Process 0 takes the lock; every process raises the same RunError when it could not."""
     lock, error = None, None
     if jax.process_index() == 0:
         try:
-            lock = acquire(workdir)
+            lock = _acquire(workdir)
         except RunError as e:
             error = e
     if jax.process_count() > 1:
@@ -215,7 +216,7 @@ class Claim:
         if self.is_main:
             workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self.lock = lock_workdir(workdir)
+            self.lock = _lock_workdir(workdir)
         except BaseException:
             self.lock, self.committed = None, False
             self.release()  # a workdir made just now is removed again

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
-from gqa_jax import cpu_step, decoding
+from gqa_jax import cpu_step, decoding, kv_quant
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID
 
@@ -49,28 +49,37 @@ def _gather_beams(x: Array, beams: Array) -> Array:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "mesh", "rules"),
-)
+    static_argnames=(
+        "graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "cache_dtype", "mesh", "rules"
+    ),
+)  # fmt: skip
 def _beam_loop(
-    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, mesh=None, rules=None
-):
+    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, cache_dtype=None,
+    mesh=None, rules=None,
+):  # fmt: skip
     with decoding.mesh_context(mesh, rules):
         return _beam_body(
             graphdef, params, encoder_input_ids,
             max_decode_len=max_decode_len, beam_size=beam_size, alpha=alpha, eos_id=eos_id,
-            fast_steps=cpu_step.use_for(mesh),
+            cache_dtype=cache_dtype, fast_steps=cpu_step.use_for(mesh),
         )  # fmt: skip
 
 
-def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, fast_steps):
+def _beam_body(
+    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, cache_dtype, fast_steps
+):
     model = nnx.merge(graphdef, params)
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
     # encode B rows once, then repeat the cache for W beams per row
-    cache = decoding.prefill(model, encoder_input_ids, max_decode_len, chunked=fast_steps)
+    cache = decoding.prefill(
+        model, encoder_input_ids, max_decode_len, chunked=fast_steps, cache_dtype=cache_dtype
+    )
     cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)
-    kv = functools.partial(sharding_lib.constrain, kind="kv")
     cache = cache.replace(
-        **{f: tuple(map(kv, getattr(cache, f))) for f in ("self_k", "self_v", "cross_k", "cross_v")}
+        **{
+            f: tuple(map(kv_quant.constrain, getattr(cache, f)))
+            for f in ("self_k", "self_v", "cross_k", "cross_v")
+        }
     )
     neg_inf = jnp.full((B, W), -jnp.inf)
     state = BeamState(
@@ -112,8 +121,12 @@ def _beam_body(graphdef, params, encoder_input_ids, *, max_decode_len, beam_size
         alive_logp, keep = jax.lax.top_k(jnp.where(token == eos_id, -jnp.inf, cand_logp), W)
         alive_seqs = _gather_beams(seqs, keep)
         src = (rows + _gather_beams(parent, keep)).reshape(B * W)  # cache row of each new beam
+
+        def reorder(entry: kvcache.Entry) -> kvcache.Entry:  # a float or a quantized (values + scales) entry
+            return kv_quant.constrain(jax.tree.map(lambda x: x[src], entry))
+
         cache = cache.replace(
-            self_k=tuple(kv(x[src]) for x in cache.self_k), self_v=tuple(kv(x[src]) for x in cache.self_v)
+            self_k=tuple(map(reorder, cache.self_k)), self_v=tuple(map(reorder, cache.self_v))
         )
         return BeamState(cache, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_lengths, t + 1)
 
@@ -141,6 +154,7 @@ def beam_search(
     eos_id: int = EOS_ID,
     max_input_len: int | None = None,
     truncate: bool = False,
+    cache_dtype: str | None = None,
     mesh: Any = None,
     rules: Any = None,
 ) -> decoding.DecodeResult:
@@ -150,7 +164,7 @@ def beam_search(
     A hypothesis ends at EOS or at ``max_decode_len``, and only a candidate ranked among the
     step's top ``beam_size`` may end (as in HF). With ``alpha = 0`` one beam is exactly greedy
     decoding; with ``alpha > 0`` a single beam may legitimately prefer a longer hypothesis than
-    greedy's, because the penalty rewards length.
+    greedy's, because the penalty rewards length. ``cache_dtype`` as for ``greedy_decode``.
     """
     graphdef, params = decoding.as_split(model)
     config = decoding.config_of(model)
@@ -159,7 +173,10 @@ def beam_search(
     )
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be >= 1")
-    params, ids = decoding.place(params, ids, mesh, rules, config, int(max_decode_len), int(beam_size))
+    cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
+    params, ids = decoding.place(
+        params, ids, mesh, rules, config, int(max_decode_len), int(beam_size), cache_dtype=cache_dtype
+    )
     tokens, lengths, scores = _beam_loop(
         graphdef,
         params,
@@ -168,6 +185,7 @@ def beam_search(
         beam_size=int(beam_size),
         alpha=float(alpha),
         eos_id=int(eos_id),
+        cache_dtype=cache_dtype,
         mesh=mesh,
         rules=sharding_lib.rules_key(rules),
     )

@@ -10,7 +10,9 @@ A decoder layer caches keys and values for two attentions, both at ``K`` heads (
   ``K = config.kv_heads("cross")``, computed once per input.
 
 So (the paper's section 2) ``bytes = 2 (K and V) x L x B x length x K x H x itemsize``: doubling a length
-doubles its part, halving ``K`` halves it, and GQA-K holds ``K / N`` of the MHA bytes.
+doubles its part, halving ``K`` halves it, and GQA-K holds ``K / N`` of the MHA bytes. A quantized
+cache (``cache_dtype`` int8 / fp8, ``gqa_jax.kv_quant``) holds 1-byte elements and a 4-byte scale
+per token and K/V head: ``2 x L x B x length x K x (H + 4)``.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
-from gqa_jax import sharding
+from gqa_jax import kv_quant, sharding
 from gqa_jax.config import ModelConfig
 
 Array = jax.Array
@@ -45,14 +46,25 @@ def cache_bytes_per_token(config: ModelConfig, dtype: Any) -> dict[str, int]:
     """Cache bytes added per token at batch 1, over all decoder layers.
 
     Returns ``{"self": bytes per output (decoder) token, "cross": bytes per input (encoder) token}``,
-    i.e. ``2 x L x K x H x itemsize`` with the K of each attention.
+    i.e. ``2 x L x K x H x itemsize`` with the K of each attention; for a quantized cache dtype
+    (int8, fp8) ``2 x L x K x (H x 1 + 4)``, the 4 being each head's float32 scale.
     """
-    size = itemsize(dtype)
-    L, H = config.num_decoder_layers, config.head_dim
+    name = _dtype_name(dtype)
+    per_head = config.head_dim * itemsize(dtype) + (
+        kv_quant.SCALE_BYTES if kv_quant.is_quantized(name) else 0
+    )
+    L = config.num_decoder_layers
     return {
-        "self": 2 * L * config.kv_heads("decoder_self") * H * size,
-        "cross": 2 * L * config.kv_heads("cross") * H * size,
+        "self": 2 * L * config.kv_heads("decoder_self") * per_head,
+        "cross": 2 * L * config.kv_heads("cross") * per_head,
     }
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    try:
+        return jnp.dtype(dtype).name
+    except TypeError:
+        return None
 
 
 def expected_cache_bytes(
@@ -61,7 +73,8 @@ def expected_cache_bytes(
     """Bytes of a full decode cache: ``{"self": ..., "cross": ..., "total": ...}``.
 
     ``self = 2 x L x B x T x K_self x H x itemsize`` (``T = output_len``) and
-    ``cross = 2 x L x B x S x K_cross x H x itemsize`` (``S = input_len``).
+    ``cross = 2 x L x B x S x K_cross x H x itemsize`` (``S = input_len``); ``H x itemsize``
+    becomes ``H + 4`` for a quantized ``dtype`` (int8, fp8: the scales are counted).
     """
     for name, value in (("batch", batch), ("input_len", input_len), ("output_len", output_len)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -73,6 +86,9 @@ def expected_cache_bytes(
 
 
 # ------------------------------------------------------------------------- the cache pytree
+Entry = Array | kv_quant.QuantizedKV  # one layer's keys or values: float, or quantized with scales
+
+
 @struct.dataclass
 class KVCache:
     """Decoder KV cache, an explicit pytree passed into and returned from every decode step.
@@ -81,12 +97,13 @@ class KVCache:
     ``index`` (per row: the next position to write). ``cross_k`` / ``cross_v``: one
     ``[B, K_cross, S, H]`` array per layer, projected ONCE from the encoder output at prefill
     (T5X re-projects them at every step). ``cross_mask [B, S]``: False at encoder padding.
+    A quantized cache holds a ``kv_quant.QuantizedKV`` (values + scales) in place of each array.
     """
 
-    self_k: tuple[Array, ...]
-    self_v: tuple[Array, ...]
-    cross_k: tuple[Array, ...]
-    cross_v: tuple[Array, ...]
+    self_k: tuple[Entry, ...]
+    self_v: tuple[Entry, ...]
+    cross_k: tuple[Entry, ...]
+    cross_v: tuple[Entry, ...]
     cross_mask: Array
     index: Array  # [B] int32
 
@@ -97,22 +114,44 @@ class KVCache:
 
 def empty_self_cache(
     config: ModelConfig, batch: int, max_decode_len: int, dtype: Any
-) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
-    """Zeroed self-attention keys and values: per layer ``[B, K_self, T_max, H]``."""
+) -> tuple[tuple[Entry, ...], tuple[Entry, ...]]:
+    """Zeroed self-attention keys and values: per layer ``[B, K_self, T_max, H]`` (quantized
+    entries for an int8 / fp8 ``dtype``)."""
     shape = (batch, config.kv_heads("decoder_self"), max_decode_len, config.head_dim)
+    name = _dtype_name(dtype)
+
+    def zeros() -> Entry:
+        entry = kv_quant.empty(shape, name) if kv_quant.is_quantized(name) else jnp.zeros(shape, dtype)
+        return kv_quant.constrain(entry)
+
     L = config.num_decoder_layers
-    keys = tuple(sharding.constrain(jnp.zeros(shape, dtype), "kv") for _ in range(L))
-    return keys, tuple(sharding.constrain(jnp.zeros(shape, dtype), "kv") for _ in range(L))
+    return tuple(zeros() for _ in range(L)), tuple(zeros() for _ in range(L))
 
 
-def write(cache: Array, new: Array, index: Array) -> Array:
-    """Write ``new [B, K, T, H]`` into ``cache [B, K, T_max, H]`` at each row's ``index [B]``."""
+def store(x: Array, dtype: Any) -> Entry:
+    """Keys or values ``[B, K, S, H]`` as the cache holds them in ``dtype`` (quantized for int8 /
+    fp8, cast otherwise)."""
+    name = _dtype_name(dtype)
+    return kv_quant.constrain(kv_quant.quantize(x, name) if kv_quant.is_quantized(name) else x.astype(dtype))
+
+
+def write(cache: Entry, new: Array, index: Array) -> Entry:
+    """Write ``new [B, K, T, H]`` into ``cache [B, K, T_max, H]`` at each row's ``index [B]``
+    (a quantized cache: the new rows quantized, their values and scales written)."""
     update = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))
+    if isinstance(cache, kv_quant.QuantizedKV):
+        q = kv_quant.quantize(new, cache.values.dtype.name)
+        return kv_quant.constrain(
+            kv_quant.QuantizedKV(
+                values=update(cache.values, q.values, index), scale=update(cache.scale, q.scale, index)
+            )
+        )
     return sharding.constrain(update(cache, new.astype(cache.dtype), index), "kv")
 
 
 def cache_bytes(cache: KVCache) -> dict[str, int]:
-    """Bytes of the cached keys and values, measured from the arrays (masks and index excluded)."""
+    """Bytes of the cached keys and values (and a quantized cache's scales), measured from the
+    arrays (masks and index excluded)."""
     self_bytes = sum(x.nbytes for x in (*cache.self_k, *cache.self_v))
     cross_bytes = sum(x.nbytes for x in (*cache.cross_k, *cache.cross_v))
     return {"self": self_bytes, "cross": cross_bytes, "total": self_bytes + cross_bytes}
@@ -148,7 +187,7 @@ def cache_layout(
     ``cross``) its ``PartitionSpec``, the formula's total bytes, the shards, and the bytes each
     device holds (``total / shards``; a replicated K/V-head axis is not divided). Also the
     replicated K/V-head axes (``replication_report`` states the waste)."""
-    size = np.dtype(dtype).itemsize
+    size = itemsize(dtype)
     total = expected_cache_bytes(config, batch, input_len, output_len, dtype)
     out: dict[str, Any] = {}
     replicated: list[sharding.Replication] = []

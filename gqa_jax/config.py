@@ -200,7 +200,8 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 class DecodeConfig:
     """The static settings of a compiled decode loop (hashable: ``jax.jit`` compiles once per
     value). ``greedy=False`` samples at the loop's traced temperature, restricted to the top
-    ``top_k`` tokens (0: all) and the ``top_p`` nucleus; ``return_logits`` keeps every step's."""
+    ``top_k`` tokens (0: all) and the ``top_p`` nucleus; ``return_logits`` keeps every step's;
+    ``cache_dtype`` (None: the model's dtype) is the KV cache's (``gqa_jax.kv_quant``)."""
 
     max_decode_len: int
     eos_id: int = 1
@@ -208,3 +209,4 @@ class DecodeConfig:
     top_k: int = 0
     top_p: float = 1.0
     return_logits: bool = False
+    cache_dtype: str | None = None

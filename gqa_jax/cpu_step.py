@@ -130,12 +130,21 @@ def by_head(T: int, G: int, dropout: bool) -> bool:
 
 
 def attention_by_head(
-    q: Array, k: Array, v: Array, *, bias: Array | None, mask: Array | None, mask_value: float
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    bias: Array | None,
+    mask: Array | None,
+    mask_value: float,
+    k_scale: Array | None = None,
+    v_scale: Array | None = None,
 ) -> Array:
     """Grouped attention of one query position (``q [B, 1, N, H]`` over ``k, v [B, K, S, H]``),
-    one query head of each group at a time: G products ``[B, K, H] x [B, K, S, H]`` instead of
-    one with G rows per K/V head. ``bias [..., N, 1, S]``, ``mask`` broadcastable to
-    ``[B, 1, S]``; masked logits are ``mask_value``. Returns ``[B, 1, N, H]``."""
+        one query head of each group at a time: G products ``[B, K, H] x [B, K, S, H]`` instead of
+        one with G rows per K/V head. ``bias [..., N, 1, S]``, ``mask`` broadcastable to
+        ``[B, 1, S]``; masked logits are ``mask_value``; a quantized cache's ``k_scale`` / ``v_scale``
+    ``[B, K, 1, S]`` multiply the logits / probabilities. Returns ``[B, 1, N, H]``."""
     B, _, N, H = q.shape
     K, S = k.shape[1], k.shape[2]
     G = N // K
@@ -147,10 +156,14 @@ def attention_by_head(
     outs = []
     for g in range(G):
         logits = jnp.einsum("BKH,BKSH->BKS", qg[:, :, g], k, preferred_element_type=jnp.float32)
+        if k_scale is not None:
+            logits = logits * k_scale[:, :, 0]
         if bias is not None:
             logits = logits + bias[:, :, g]
         if mask is not None:
             logits = jnp.where(mask, logits, mask_value)
-        probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [B, K, S]
-        outs.append(jnp.einsum("BKS,BKSH->BKH", probs, v))  # [B, K, H]
+        probs = jax.nn.softmax(logits, axis=-1)  # [B, K, S]
+        if v_scale is not None:
+            probs = probs * v_scale[:, :, 0]
+        outs.append(jnp.einsum("BKS,BKSH->BKH", probs.astype(v.dtype), v))  # [B, K, H]
     return jnp.stack(outs, axis=2).reshape(B, 1, N, H)

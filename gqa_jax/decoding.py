@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
-from gqa_jax import cpu_step
+from gqa_jax import cpu_step, kv_quant
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import DecodeConfig, ModelConfig
 from gqa_jax.log import log_once
@@ -87,7 +87,14 @@ def mesh_context(mesh: Any, rules: Any) -> Any:
 
 
 def place(
-    params: Any, ids: Array, mesh: Any, rules: Any, config: Any, max_decode_len: int, beams: int = 1
+    params: Any,
+    ids: Array,
+    mesh: Any,
+    rules: Any,
+    config: Any,
+    max_decode_len: int,
+    beams: int = 1,
+    cache_dtype: str | None = None,
 ) -> tuple[Any, Array]:
     """Params by the rule table and input rows over ``data`` (a no-op for arrays already placed);
     logs the cache's replication when its K/V heads cannot split over ``model``."""
@@ -98,7 +105,7 @@ def place(
     sharding_lib.check_batch({"encoder_input_ids": ids}, mesh)
     params = sharding_lib.shard_params(params, mesh, rules)
     _, replicated = kvcache.cache_layout(
-        config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, config.dtype, rules
+        config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, cache_dtype or config.dtype, rules
     )
     if replicated:  # the paper's section 2.2 waste, stated once per shape
         log_once(
@@ -152,9 +159,15 @@ def validate_inputs(
 
 
 def prefill(
-    model: T5, encoder_input_ids: Array, max_decode_len: int, *, chunked: bool = False
+    model: T5,
+    encoder_input_ids: Array,
+    max_decode_len: int,
+    *,
+    chunked: bool = False,
+    cache_dtype: str | None = None,
 ) -> kvcache.KVCache:
-    """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``.
+    """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``,
+    in ``cache_dtype`` (None: the model's dtype; int8 / fp8: quantized, ``gqa_jax.kv_quant``).
 
     ``chunked`` (the CPU loops): encode a few rows at a time (``lax.map`` over chunks of at most
     ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens, ``cpu_step.encode_chunk_rows``), so a chunk's activations and
@@ -170,7 +183,10 @@ def prefill(
     else:
         encoded = model.encode(encoder_input_ids)  # [B, S, D]
     cross_k, cross_v = model.decoder.cross_kv(encoded)  # per layer [B, K, S, H]
-    self_k, self_v = kvcache.empty_self_cache(config, B, max_decode_len, encoded.dtype)
+    if cache_dtype is not None:
+        cross_k = tuple(kvcache.store(k, cache_dtype) for k in cross_k)
+        cross_v = tuple(kvcache.store(v, cache_dtype) for v in cross_v)
+    self_k, self_v = kvcache.empty_self_cache(config, B, max_decode_len, cache_dtype or encoded.dtype)
     return kvcache.KVCache(
         self_k=self_k,
         self_v=self_v,
@@ -272,7 +288,9 @@ def decode_loop(
     fast = cpu_step.use_for(mesh)
     with mesh_context(mesh, rules):
         model = nnx.merge(graphdef, params)
-        cache = prefill(model, encoder_input_ids, config.max_decode_len, chunked=fast)
+        cache = prefill(
+            model, encoder_input_ids, config.max_decode_len, chunked=fast, cache_dtype=config.cache_dtype
+        )
         state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
 
         def step(s: DecodeState) -> DecodeState:
@@ -302,12 +320,14 @@ def greedy_decode(
     truncate: bool = False,
     return_logits: bool = False,
     return_cache: bool = False,
+    cache_dtype: str | None = None,
     mesh: Any = None,
     rules: Any = None,
 ) -> DecodeResult:
     """Greedy decoding with the KV cache. Returns tokens ``[B, T_max]`` (pad after EOS and
     after an early stop) and lengths ``[B]`` (EOS included). ``mesh``: decode sharded (module
-    docstring); ``return_cache``: also the final cache (to inspect its bytes and shardings)."""
+    docstring); ``return_cache``: also the final cache (to inspect its bytes and shardings);
+    ``cache_dtype``: the cache's dtype (None: the model's; ``"int8"``: quantized, ``kv_quant``)."""
     return sample_decode(
         model,
         encoder_input_ids,
@@ -318,6 +338,7 @@ def greedy_decode(
         truncate=truncate,
         return_logits=return_logits,
         return_cache=return_cache,
+        cache_dtype=cache_dtype,
         mesh=mesh,
         rules=rules,
     )
@@ -359,11 +380,12 @@ def sample_decode(
     truncate: bool = False,
     return_logits: bool = False,
     return_cache: bool = False,
+    cache_dtype: str | None = None,
     mesh: Any = None,
     rules: Any = None,
 ) -> DecodeResult:
     """Sampling with temperature / top-k / top-p and an explicit PRNG ``key`` (same key, same
-    samples). ``temperature=0`` is greedy."""
+    samples). ``temperature=0`` is greedy; ``cache_dtype`` as for ``greedy_decode``."""
     graphdef, params = as_split(model)
     ids = validate_inputs(
         config_of(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
@@ -371,7 +393,10 @@ def sample_decode(
     _check_sampling(temperature, top_k, top_p, config_of(model).vocab_size)
     if temperature > 0 and key is None:
         raise ValueError("sampling needs an explicit PRNG key: sample_decode(..., key=jax.random.key(0))")
-    params, ids = place(params, ids, mesh, rules, config_of(model), int(max_decode_len))
+    cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
+    params, ids = place(
+        params, ids, mesh, rules, config_of(model), int(max_decode_len), cache_dtype=cache_dtype
+    )
     config = DecodeConfig(
         max_decode_len=int(max_decode_len),
         eos_id=int(eos_id),
@@ -379,6 +404,7 @@ def sample_decode(
         top_k=int(top_k),
         top_p=float(top_p),
         return_logits=return_logits,
+        cache_dtype=cache_dtype,
     )
     state = decode_loop(
         graphdef,

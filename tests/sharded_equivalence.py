@@ -44,6 +44,7 @@ def main(cases):
                 state, batch
             )
             one_greedy = decoding.greedy_decode(model, ids, 10)
+            one_int8 = decoding.greedy_decode(model, ids, 10, cache_dtype="int8")
             one_beam = beam_search(model, ids, 6, beam_size=2) if beam else None
 
         mesh = sharding.make_mesh(mesh_text)
@@ -55,6 +56,9 @@ def main(cases):
         )
         params = placed.params  # the decode runs on the sharded initial params
         greedy = decoding.greedy_decode((graphdef_s, params), ids, 10, mesh=mesh, return_cache=True)
+        int8 = decoding.greedy_decode(
+            (graphdef_s, params), ids, 10, mesh=mesh, return_cache=True, cache_dtype="int8"
+        )
         beam_out = beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
         step = training.make_train_step(graphdef_s, opt, mesh=mesh, state_shardings=shardings, dropout=False)
         new, m = step(placed, batch)
@@ -72,6 +76,11 @@ def main(cases):
             "beam_score_diff": max_diff(one_beam.scores, beam_out.scores) if beam else None,
             "cache_self_spec": [str(a) for a in greedy.cache.self_k[0].sharding.spec],
             "cache_cross_spec": [str(a) for a in greedy.cache.cross_k[0].sharding.spec],
+            "int8_equal": bool(np.array_equal(one_int8.tokens, int8.tokens)),
+            "int8_specs": [  # fmt: skip
+                [str(a) for a in x.sharding.spec]
+                for x in (int8.cache.self_k[0].values, int8.cache.self_k[0].scale, int8.cache.cross_v[0].scale)  # noqa: E501
+            ],
             "cache_report": sharding.replication_report(cache_replicated) if cache_replicated else "",
         }), flush=True)  # fmt: skip
 

@@ -46,7 +46,8 @@ def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
         shards_kv = model > 1 and r["k"] % model == 0
         assert (r["key_spec"][1:2] == ["model"]) == shards_kv, r  # decoder self-attention K/V heads
         # the cache [B, K, T, H]: rows over data, K/V heads over model exactly when K % model == 0
-        for cache_spec in (r["cache_self_spec"], r["cache_cross_spec"]):
+        assert r["int8_equal"], r  # the int8 cache (values and scales) sharded like the float one
+        for cache_spec in (r["cache_self_spec"], r["cache_cross_spec"], *r["int8_specs"]):
             padded = cache_spec + ["None"] * (4 - len(cache_spec))
             assert padded[0] == ("data" if data > 1 else "None"), r
             assert padded[1] == ("model" if shards_kv else "None"), r

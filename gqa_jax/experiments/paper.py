@@ -67,6 +67,8 @@ def conversion_methods(value: str) -> tuple[str, ...]:
             f"methods={value!r}: name 'paper', 'all' or some of {', '.join(known)} (comma-separated)"
         )
     return chosen
+
+
 # Figure 5: XXL MQA and GQA-8 at these uptraining fractions (0: converted, not uptrained).
 FIG5_ALPHAS = (0.0, 0.05, 0.1)
 # Figure 6: XXL time per sample against the number of groups, input 2048 / output 512.

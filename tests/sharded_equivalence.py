@@ -60,6 +60,8 @@ def main(cases):
             (graphdef_s, params), ids, 10, mesh=mesh, return_cache=True, cache_dtype="int8"
         )
         beam_out = beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
+        c = int8.cache
+        int8_entries = (c.self_k[0].values, c.self_k[0].scale, c.cross_v[0].values, c.cross_v[0].scale)
         step = training.make_train_step(graphdef_s, opt, mesh=mesh, state_shardings=shardings, dropout=False)
         new, m = step(placed, batch)
         key = new.params["decoder"]["layers"][0]["self_attn"]["key"]
@@ -77,10 +79,7 @@ def main(cases):
             "cache_self_spec": [str(a) for a in greedy.cache.self_k[0].sharding.spec],
             "cache_cross_spec": [str(a) for a in greedy.cache.cross_k[0].sharding.spec],
             "int8_equal": bool(np.array_equal(one_int8.tokens, int8.tokens)),
-            "int8_specs": [  # fmt: skip
-                [str(a) for a in x.sharding.spec]
-                for x in (int8.cache.self_k[0].values, int8.cache.self_k[0].scale, int8.cache.cross_v[0].scale)  # noqa: E501
-            ],
+            "int8_specs": [[str(a) for a in x.sharding.spec] for x in int8_entries],
             "cache_report": sharding.replication_report(cache_replicated) if cache_replicated else "",
         }), flush=True)  # fmt: skip
 

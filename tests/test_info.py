@@ -215,7 +215,7 @@ def test_cli_preset_all(capsys):
         (["--preset", "xxl", "--output-len", "0"], "--output-len"),
         (["--preset", "xxl", "--input-len", "-5"], "--input-len"),
         (["--preset", "xxl", "--batch", "two"], "--batch"),
-        (["--preset", "xxl", "--dtype", "bf17"], "dtype 'bf17'"),
+        (["--preset", "xxl", "--dtype", "bf17"], "--dtype: invalid choice: 'bf17'"),
         (["--preset", "xxl", "--attentions", "decoder"], "decoder"),
         ([], "--preset"),
     ],

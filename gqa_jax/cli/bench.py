@@ -1,6 +1,7 @@
 """``bench``: benchmarks. ``bench decode`` (cache vs none, MHA / GQA / MQA, the floor,
 HuggingFace), ``bench train`` (tokens/s and MFU against the measured matmul peak), ``bench step``
-(where a decode step's time goes, op by op). Markdown tables on stdout, progress on stderr."""
+(where a decode step's time goes, op by op), ``bench cache`` (a quantized KV cache's decodes against
+the float cache's on a trained model). Markdown tables on stdout, progress on stderr."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from gqa_jax.cli import options
 
 HELP = (
     "benchmarks: `bench decode` (KV cache vs none, MHA / GQA / MQA, the floor, HuggingFace), "
-    "`bench train` (tokens/s, MFU), `bench step` (a decode step op by op)"
+    "`bench train` (tokens/s, MFU), `bench step` (a decode step op by op), `bench cache` (int8 / fp8 "
+    "KV cache vs float on a trained model)"
 )
 
 
@@ -20,10 +22,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     _add_decode_args(sub)
     _add_train_args(sub)
     _add_step_args(sub)
+    _add_cache_args(sub)
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"decode": _run_decode, "train": _run_train, "step": _run_step}[args.bench_command](args)
+    return {"decode": _run_decode, "train": _run_train, "step": _run_step, "cache": _run_cache}[
+        args.bench_command
+    ](args)
 
 
 def _add_decode_shape_args(p: argparse.ArgumentParser) -> None:
@@ -91,6 +96,7 @@ def _add_decode_args(sub: Any) -> None:
     options.add_dtype(
         d, default="float32", choices=DTYPES, help="parameter and activation dtype (default: %(default)s)"
     )
+    options.add_cache_dtype(d)
     options.add_seed(d)
     options.add_json(d)
 
@@ -111,6 +117,7 @@ def _run_decode(args: argparse.Namespace) -> int:
         uncached_budget_s=args.uncached_budget,
         hf=not args.no_hf,
         dtype=args.dtype,
+        cache_dtype=args.cache_dtype,
         seed=args.seed,
     )
     print(bench_decode.report(res), flush=True)
@@ -194,5 +201,53 @@ def _run_train(args: argparse.Namespace) -> int:
         dtype=args.dtype, num_microbatches=args.microbatches, log=log,
     )  # fmt: skip
     print(bench_train.report(res), flush=True)
+    options.write_json(res, args.json)
+    return 0
+
+
+# ----------------------------------------------------------------------------------- cache
+def _add_cache_args(sub: Any) -> None:
+    from gqa_jax.kv_quant import QMAX
+
+    c = sub.add_parser(
+        "cache",
+        help="a quantized KV cache against the float cache: token agreement and score on a task",
+        description="Decodes a task's dev examples with a trained checkpoint once with the float KV "
+        "cache and once per --cache-dtypes; prints the share of positions and rows that agree, the "
+        "scores and their paired per-example difference (Markdown on stdout, progress on stderr).",
+    )
+    c.add_argument("--model", required=True, help="a gqa_jax checkpoint (e.g. RUN/best_model), HF or T5X")
+    c.add_argument("--task", required=True, help="a scored task (python -m gqa_jax data tasks)")
+    c.add_argument("--split", default="validation", help="the split (default: %(default)s)")
+    c.add_argument(
+        "--examples", type=options.positive_int, default=64, help="the first N examples (default: 64)"
+    )
+    c.add_argument(
+        "--batch-size", type=options.positive_int, default=32, help="rows per decode (default: 32)"
+    )
+    c.add_argument("--data-dir", default=None, help="TFDS data dir (default: $GQA_JAX_DATA_DIR, ...)")
+    c.add_argument(
+        "--vocab", default=None, help="SentencePiece model (default for stdlib tasks: the suite's)"
+    )
+    c.add_argument("--input-length", type=options.positive_int, default=None, help="default: the task's")
+    c.add_argument("--target-length", type=options.positive_int, default=None, help="default: the task's")
+    c.add_argument(
+        "--cache-dtypes",
+        default="int8",
+        help=f"comma-separated quantized cache dtypes, from {', '.join(QMAX)} (default: %(default)s)",
+    )
+    options.add_json(c)
+
+
+def _run_cache(args: argparse.Namespace) -> int:
+    from gqa_jax.log import log
+    from gqa_jax.tools import bench_cache
+
+    res = bench_cache.run_cache_bench(
+        model_path=args.model, task_name=args.task, cache_dtypes=options.comma_list(args.cache_dtypes),
+        split=args.split, examples=args.examples, batch_size=args.batch_size, data_dir=args.data_dir,
+        vocab=args.vocab, input_length=args.input_length, target_length=args.target_length, log=log,
+    )  # fmt: skip
+    print(bench_cache.report(res), flush=True)
     options.write_json(res, args.json)
     return 0

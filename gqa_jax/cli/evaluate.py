@@ -30,6 +30,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--input-length", type=options.positive_int, default=None, help="default: the task's")
     p.add_argument("--target-length", type=options.positive_int, default=None, help="default: the task's")
+    options.add_cache_dtype(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing results.json")
 
 
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     result = evaluate_checkpoint(
         args.workdir, args.model, args.task, split=args.split, examples=args.examples,
         batch_size=args.batch_size, data_dir=args.data_dir, vocab=args.vocab,
-        input_length=args.input_length, target_length=args.target_length, overwrite=args.overwrite,
+        input_length=args.input_length, target_length=args.target_length, cache_dtype=args.cache_dtype,
+        overwrite=args.overwrite,
     )  # fmt: skip
     print(f"{result['task']} {result['split']}: {result['metric']} {result['primary']:.2f} "
           f"on {result['examples']} examples")  # fmt: skip

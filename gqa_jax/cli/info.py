@@ -41,7 +41,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=512,
         help="decoder length T of the self-attention cache (default: %(default)s, as in the paper's Fig. 6)",
     )
-    options.add_dtype(p, default="bfloat16", help="cache element dtype (default: %(default)s)")
+    from gqa_jax.kv_quant import CACHE_DTYPES
+
+    options.add_dtype(
+        p,
+        default="bfloat16",
+        choices=CACHE_DTYPES,
+        help="cache element dtype; int8 / fp8 add a float32 scale per token and K/V head "
+        "(default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """What several commands share, declared once: the parser class (an error is one line), the
 positive-integer type, comma-separated lists, the options ``--batch``, ``--input-len``,
-``--output-len``, ``--dtype``, ``--seed``, ``--json``, and writing ``--json``'s file.
+``--output-len``, ``--dtype``, ``--cache-dtype``, ``--seed``, ``--json``, and writing ``--json``'s file.
 
 Each ``add_*`` takes the command's own default and help text (``%(default)s`` is filled in by
 argparse); the option's name, type and metavar live here only.
@@ -58,6 +58,18 @@ def add_dtype(
     p: argparse.ArgumentParser, *, default: str, help: str, choices: Sequence[str] | None = None
 ) -> None:
     p.add_argument("--dtype", default=default, choices=choices, help=help)
+
+
+def add_cache_dtype(p: argparse.ArgumentParser) -> None:
+    from gqa_jax.kv_quant import CACHE_DTYPES
+
+    p.add_argument(
+        "--cache-dtype",
+        default=None,
+        choices=CACHE_DTYPES,
+        help="the KV cache's dtype: int8 / fp8 store 1-byte elements and a float32 scale per token and "
+        "K/V head (default: the model's dtype)",
+    )
 
 
 def add_seed(

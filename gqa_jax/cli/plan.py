@@ -44,6 +44,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         choices=DTYPES,
         help="activations, decode params and KV cache (default: %(default)s)",
     )
+    options.add_cache_dtype(p)
     p.add_argument(
         "--param-dtype",
         default="float32",
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     settings = plan.PlanSettings(
         preset=args.preset, num_kv_heads=args.num_kv_heads, mesh=args.mesh, batch=args.batch,
         input_len=args.input_len, output_len=args.output_len, hbm_gib=args.hbm_gib, dtype=args.dtype,
-        param_dtype=args.param_dtype, num_microbatches=args.num_microbatches, remat=args.remat,
+        cache_dtype=args.cache_dtype, param_dtype=args.param_dtype, num_microbatches=args.num_microbatches,
+        remat=args.remat,
         fsdp=args.fsdp, scan_layers=args.scan_layers, programs=programs, batch_search=search,
     )  # fmt: skip
     res = plan.plan(settings, log=log)

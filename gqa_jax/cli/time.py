@@ -59,6 +59,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         choices=DTYPES,
         help="parameters, activations and KV cache (default: %(default)s)",
     )
+    options.add_cache_dtype(p)
     p.add_argument(
         "--runs",
         type=options.positive_int,
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     settings = time_decode.TimeSettings(
         workdir=args.workdir, preset=args.preset, num_kv_heads=args.num_kv_heads, model=args.model,
         input_len=args.input_len, output_len=args.output_len, batch=args.batch, hbm_gib=args.hbm_gib,
-        dtype=args.dtype, runs=args.runs, seed=args.seed, overwrite=args.overwrite,
+        dtype=args.dtype, cache_dtype=args.cache_dtype, runs=args.runs, seed=args.seed,
+        overwrite=args.overwrite,
     )  # fmt: skip
     record = time_decode.time_decode(settings, log=log)
     print(time_decode.summary(record, args.workdir), flush=True)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gqa_jax import checkpoints, metric_writers, metrics, training
+from gqa_jax import checkpoints, kv_quant, metric_writers, metrics, training
 from gqa_jax.data import tasks as tasks_lib
 
 RESULTS = "results.json"
@@ -28,11 +28,13 @@ def evaluate_checkpoint(
     vocab: str | None = None,
     input_length: int | None = None,
     target_length: int | None = None,
+    cache_dtype: str | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Decode ``examples`` of ``task_name``'s ``split`` (all when None) with the checkpoint at
     ``model_path`` (ours, or a HuggingFace T5 directory) and score them with the task's metric;
-    writes and returns the results (fields in ``docs/experiments.md``)."""
+    writes and returns the results (fields in ``docs/experiments.md``). ``cache_dtype``: the decodes'
+    KV cache (None: the model's dtype; int8 / fp8: ``gqa_jax.kv_quant``)."""
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise ValueError(f"--workdir {workdir} is a file, not a directory")
@@ -44,13 +46,14 @@ def evaluate_checkpoint(
         raise ValueError(f"task {task_name} is span corruption: its dev loss is in a training run's metrics")
     if examples is not None and examples < 1:
         raise ValueError(f"--examples must be >= 1, got {examples}")
+    cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
     data_dir = data_dir or tasks_lib.default_data_dir()
     voc = training.load_vocab(vocab, task, data_dir)
     model, _, kind = checkpoints.load_any(model_path)  # ours, HuggingFace or T5X
     t0 = time.time()
     scores, decodes = training.evaluate(
         model, task, voc, split=split, num_examples=examples, batch_size=batch_size, data_dir=data_dir,
-        input_length=input_length, target_length=target_length,
+        input_length=input_length, target_length=target_length, cache_dtype=cache_dtype,
     )  # fmt: skip
     result = {
         "task": task.name,
@@ -61,6 +64,7 @@ def evaluate_checkpoint(
         "examples": len(decodes),
         "model": str(model_path),
         "model_kind": kind,
+        "cache_dtype": cache_dtype or model.config.dtype,
         "seconds": time.time() - t0,
     }
     workdir.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ from typing import Any
 from flax import nnx
 
 from gqa_jax import cache as kvcache
+from gqa_jax import kv_quant
 from gqa_jax.checkpoints.hf_export import to_hf
 from gqa_jax.config import preset
 from gqa_jax.tools.bench_hf import bench_hf, hf_device, hf_parity, hf_unavailable
@@ -74,11 +75,14 @@ def run_decode_bench(
     uncached_budget_s: float = 60.0,
     hf: bool = True,
     dtype: str = "float32",
+    cache_dtype: str | None = None,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run tables a-d; returns every number (JSON-able after :func:`timing.to_json`). Progress goes to
-    ``log`` (default: stderr, with the elapsed time)."""
+    ``log`` (default: stderr, with the elapsed time). ``cache_dtype``: our KV cache's (None: ``dtype``;
+    ``int8`` / fp8: quantized, ``gqa_jax.kv_quant``) in every table of ours."""
+    cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
     wall = time.perf_counter()
     if log is None:
 
@@ -106,6 +110,7 @@ def run_decode_bench(
             "uncached_runs": uncached_runs,
             "uncached_budget_s": uncached_budget_s,
             "dtype": dtype,
+            "cache_dtype": cache_dtype or dtype,
             "seed": seed,
             "config": config.to_dict(),
         },
@@ -142,8 +147,8 @@ def run_decode_bench(
         k_config, model = models[k]
         name = attention_name(k, N)
         log(f"b. {name}: fused greedy loop ({runs} runs) and stepped loop ...")
-        fused = bench_fused(splits[k], ids, T, runs)
-        stepped = bench_stepped(splits[k], ids, T, runs)
+        fused = bench_fused(splits[k], ids, T, runs, cache_dtype)
+        stepped = bench_stepped(splits[k], ids, T, runs, cache_dtype)
         formula = kvcache.expected_cache_bytes(k_config, B, S, T, stepped["cache_dtype"])
         row = {
             "name": name,
@@ -196,7 +201,8 @@ def run_decode_bench(
         if L == T:
             cached = res["table_b"][N]["fused"]
         else:
-            cached = {key: v for key, v in bench_fused(splits[N], ids, L, runs_a).items() if key != "tokens"}
+            fused_l = bench_fused(splits[N], ids, L, runs_a, cache_dtype)
+            cached = {key: v for key, v in fused_l.items() if key != "tokens"}
         u = uncached[L]
         measured = "median_s" in u
         log(
@@ -245,7 +251,8 @@ def report(res: dict[str, Any]) -> str:
     name = {k: b[k]["name"] for k in ks}
     out = [
         f"# Decoding benchmark: {st['preset']} (T5.1.1 shape, random weights), batch {B}, input {S}, "
-        f"{T} new tokens, {st['dtype']}",
+        f"{T} new tokens, {st['dtype']}"
+        + (f", KV cache {st['cache_dtype']}" if st.get("cache_dtype", st["dtype"]) != st["dtype"] else ""),
         "",
         f"Machine: jax {m['jax']}, backend {m['backend']} ({m['device_count']} device(s)), "
         f"{m.get('cpus_usable', m['cpu_count'])} usable CPU(s) of {m['cpu_count']}, {m['processor']}.",

@@ -28,18 +28,28 @@ from gqa_jax.tools.timing import measure, percentile
 
 
 # ------------------------------------------------------------------------ fused and stepped
-def bench_fused(split: Split, ids: np.ndarray, T: int, runs: int) -> dict[str, Any]:
+def bench_fused(
+    split: Split, ids: np.ndarray, T: int, runs: int, cache_dtype: str | None = None
+) -> dict[str, Any]:
     """``greedy_decode`` end to end (one jitted call); checks that every row emitted T tokens."""
-    timing, result = measure(lambda: decoding.greedy_decode(split, ids, T, eos_id=NEVER_EOS), runs)
+
+    def decode() -> Any:
+        return decoding.greedy_decode(split, ids, T, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
+
+    timing, result = measure(decode, runs)
     lengths = np.asarray(result.lengths)
     if not (lengths == T).all():
         raise RuntimeError(f"greedy_decode emitted {lengths.tolist()} tokens per row, expected {T}")
     return {**timing, "tokens": np.asarray(result.tokens)}
 
 
-def _prefill_state(graphdef: Any, T: int, params: Any, ids: jax.Array, key: jax.Array):
+def _prefill_state(
+    graphdef: Any, T: int, cache_dtype: str | None, params: Any, ids: jax.Array, key: jax.Array
+):
     model = nnx.merge(graphdef, params)
-    cache = decoding.prefill(model, ids, T, chunked=cpu_step.use_for(None))  # as greedy_decode's
+    cache = decoding.prefill(
+        model, ids, T, chunked=cpu_step.use_for(None), cache_dtype=cache_dtype
+    )  # as greedy_decode's
     return decoding.init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=False)
 
 
@@ -47,11 +57,13 @@ def _step(graphdef: Any, params: Any, state: Any):
     return decoding.decode_step(nnx.merge(graphdef, params), state, eos_id=NEVER_EOS)
 
 
-def bench_stepped(split: Split, ids: np.ndarray, T: int, runs: int) -> dict[str, Any]:
+def bench_stepped(
+    split: Split, ids: np.ndarray, T: int, runs: int, cache_dtype: str | None = None
+) -> dict[str, Any]:
     """TTFT (jitted prefill + first jitted step, median of ``runs``), then the remaining T - 1
     steps of the last run one by one: per-step latencies, and the cache bytes measured."""
     graphdef, params = split
-    prefill = jax.jit(functools.partial(_prefill_state, graphdef, T))
+    prefill = jax.jit(functools.partial(_prefill_state, graphdef, T, cache_dtype))
     step = jax.jit(functools.partial(_step, graphdef), donate_argnums=1)  # the cache is updated in place
     ids, key = jnp.asarray(ids), jax.random.key(0)
 
@@ -86,7 +98,7 @@ def bench_stepped(split: Split, ids: np.ndarray, T: int, runs: int) -> dict[str,
         "step_p50_s": step_p50,
         "step_p95_s": percentile(latencies, 95) if latencies else float("nan"),
         "cache_bytes": kvcache.cache_bytes(state.cache),
-        "cache_dtype": str(state.cache.self_k[0].dtype),
+        "cache_dtype": str(jax.tree.leaves(state.cache.self_k[0])[0].dtype),  # a quantized entry: its values
     }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from flax import nnx
 
+from gqa_jax import kv_quant
 from gqa_jax import model as model_lib
 from gqa_jax.cache import cache_bytes_per_token, expected_cache_bytes
 from gqa_jax.config import ATTENTION_KINDS, T5_1_1_PRESETS, ModelConfig, preset
@@ -189,7 +190,8 @@ def info_report(
     lines += _table(rows, align="lrl")
 
     L = config.num_decoder_layers
-    lines += ["", f"KV cache per token (batch 1, {dtype}, {L} decoder layers, K and V)"]
+    scales = " + a 4-byte scale per token and head" if kv_quant.is_quantized(str(dtype)) else ""
+    lines += ["", f"KV cache per token (batch 1, {dtype}{scales}, {L} decoder layers, K and V)"]
     lines += _table(
         [
             ["", "bytes", "", "MHA bytes"],

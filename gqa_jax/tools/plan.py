@@ -57,7 +57,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gqa_jax import cache as kvcache
-from gqa_jax import decoding, training
+from gqa_jax import decoding, kv_quant, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import DecodeConfig, ModelConfig, preset
@@ -86,6 +86,7 @@ class PlanSettings:
     output_len: int
     hbm_gib: float = DEFAULT_HBM_GIB
     dtype: str = "bfloat16"  # activations; the decode params and the KV cache
+    cache_dtype: str | None = None  # the decode loop's KV cache (None: dtype; int8 / fp8: kv_quant)
     param_dtype: str = "float32"  # the train step's params (and so its optimizer state)
     num_microbatches: int = 1
     remat: str = "none"  # the train step's rematerialization policy (ModelConfig.remat)
@@ -128,6 +129,7 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
         value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
+    kv_quant.check_cache_dtype(settings.cache_dtype)
     overrides: dict[str, Any] = {
         "dtype": settings.dtype,
         "param_dtype": settings.param_dtype,
@@ -223,7 +225,8 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     start = time.perf_counter()
     lowered = decoding.decode_loop.lower(
         setup.decode_graphdef, setup.decode_params, ids, key, temperature,
-        config=DecodeConfig(max_decode_len=s.output_len, eos_id=EOS_ID), mesh=mesh, rules=None,
+        config=DecodeConfig(max_decode_len=s.output_len, eos_id=EOS_ID, cache_dtype=s.cache_dtype),
+        mesh=mesh, rules=None,
     )  # fmt: skip
     compiled = compile_lowered(lowered)
     seconds = time.perf_counter() - start
@@ -231,7 +234,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     self_bytes = device_bytes((cache.self_k, cache.self_v))
     cross_bytes = device_bytes((cache.cross_k, cache.cross_v))
     layout, replicated_cache = kvcache.cache_layout(
-        setup.decode_config, mesh, batch, s.input_len, s.output_len, s.dtype
+        setup.decode_config, mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
     )
     return {
         "batch": batch,
@@ -246,8 +249,8 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
         "other_state_bytes": 0,
         "cache_compiled": {"self": self_bytes, "cross": cross_bytes, "total": self_bytes + cross_bytes},
         "cache_compiled_specs": {
-            "self": str(cache.self_k[0].sharding.spec),
-            "cross": str(cache.cross_k[0].sharding.spec),
+            "self": str(jax.tree.leaves(cache.self_k[0])[0].sharding.spec),  # a quantized entry: its values
+            "cross": str(jax.tree.leaves(cache.cross_k[0])[0].sharding.spec),
         },
         "cache_formula": {
             **{k: layout[k]["bytes_per_device"] for k in ("self", "cross")},

@@ -42,7 +42,13 @@ def report(res: dict[str, Any]) -> str:
         "",
         f"Per device, {unit}. Activations {s['dtype']}; train params and Adafactor state {s['param_dtype']}"
         f"{micro}; decode params "
-        f"and KV cache {s['dtype']}. Compiled ahead of time for the {res['backend']} backend "
+        f"and KV cache {s['dtype']}"
+        + (
+            f" (KV cache {s['cache_dtype']}: 1-byte elements + float32 scales)"
+            if s.get("cache_dtype")
+            else ""
+        )
+        + f". Compiled ahead of time for the {res['backend']} backend "
         f"({res['device_kind']}); fits = total <= {s['hbm_gib']:g} GiB.",
         "",
     ]

@@ -3,7 +3,8 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
 ``DIR/timing.json`` for the experiments' report.
 
 - The model: a preset's random weights (``model.build(config, seed=)``) or a gqa_jax checkpoint
-  (``checkpoints.load``), parameters and activations cast to ``dtype``.
+  (``checkpoints.load``), parameters and activations cast to ``dtype``; the KV cache in ``cache_dtype``
+  (None: ``dtype``; int8 / fp8: quantized, ``gqa_jax.kv_quant``).
 - The inputs: random ids ``[batch, input_len]`` (``bench_models.random_ids``: no pad, no EOS);
   EOS is disabled (``bench_models.NEVER_EOS``) so every row decodes exactly ``output_len`` tokens
   (checked).
@@ -31,7 +32,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from gqa_jax import decoding
+from gqa_jax import decoding, kv_quant
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
@@ -46,7 +47,7 @@ RULE_GIVEN = "given"
 RULE_AUTO = f"largest that fits, <= {PER_DEVICE} per device"
 FIELDS = (
     "time_per_sample_s", "times_s", "batch", "batch_rule", "input_len", "output_len", "preset",
-    "num_heads", "num_kv_heads", "dtype", "weights", "machine",
+    "num_heads", "num_kv_heads", "dtype", "cache_dtype", "weights", "machine",
 )  # fmt: skip
 
 
@@ -61,6 +62,7 @@ class TimeSettings:
     batch: int | str = "auto"  # rows, or "auto"
     hbm_gib: float | None = None  # None: the device's memory when it reports it, else the plan's default
     dtype: str = "bfloat16"
+    cache_dtype: str | None = None  # the KV cache's (None: dtype; int8 / fp8: gqa_jax.kv_quant)
     runs: int = 5
     seed: int = 0  # weights and inputs
     overwrite: bool = False
@@ -88,6 +90,7 @@ def check_settings(s: TimeSettings) -> None:
         _positive("batch", s.batch)
     if s.dtype not in DTYPES:
         raise ValueError(f"dtype {s.dtype!r}; choose from {', '.join(DTYPES)}")
+    kv_quant.check_cache_dtype(s.cache_dtype)
     if s.hbm_gib is not None and not s.hbm_gib > 0:
         raise ValueError(f"--hbm-gib must be positive, got {s.hbm_gib}")
     if s.preset is not None and s.num_kv_heads is not None:
@@ -167,7 +170,7 @@ def largest_batch(
         settings = plan.PlanSettings(
             preset=preset_name, num_kv_heads=config.num_kv_heads, mesh=f"{devices}x1", batch=batch,
             input_len=s.input_len, output_len=s.output_len, hbm_gib=hbm_gib, dtype=s.dtype,
-            programs=("decode",), batch_search=("decode",) if search else (),
+            cache_dtype=s.cache_dtype, programs=("decode",), batch_search=("decode",) if search else (),
         )  # fmt: skip
         return plan.plan(settings, log=log)["programs"]["decode"]
 
@@ -228,11 +231,13 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
     jax.block_until_ready((params, ids))
     log(
         f"timing greedy decoding: batch {batch}, input {s.input_len}, output {s.output_len}, "
-        f"{s.dtype}, {s.runs} runs after one warm-up"
+        f"{s.dtype}, KV cache {s.cache_dtype or s.dtype}, {s.runs} runs after one warm-up"
     )
 
     def decode() -> Any:
-        return decoding.greedy_decode((graphdef, params), ids, s.output_len, eos_id=NEVER_EOS, mesh=mesh)
+        return decoding.greedy_decode(
+            (graphdef, params), ids, s.output_len, eos_id=NEVER_EOS, mesh=mesh, cache_dtype=s.cache_dtype
+        )
 
     timing, result = measure(decode, s.runs)
     lengths = np.asarray(result.lengths)
@@ -251,6 +256,7 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
         "num_heads": config.num_heads,
         "num_kv_heads": config.num_kv_heads,
         "dtype": s.dtype,
+        "cache_dtype": s.cache_dtype or s.dtype,
         "weights": weights,
         "machine": machine_info(),
     }
@@ -279,7 +285,9 @@ def summary(record: dict[str, Any], workdir: str | os.PathLike) -> str:
     median = r["time_per_sample_s"] * r["batch"]
     return (
         f"time: {r['preset']} K={r['num_kv_heads']} of N={r['num_heads']}, weights {r['weights']}, "
-        f"{r['dtype']}, batch {r['batch']} ({r['batch_rule']}), input {r['input_len']}, "
+        f"{r['dtype']}"
+        + (f", KV cache {r['cache_dtype']}" if r.get("cache_dtype", r["dtype"]) != r["dtype"] else "")
+        + f", batch {r['batch']} ({r['batch_rule']}), input {r['input_len']}, "
         f"output {r['output_len']}: {r['time_per_sample_s'] * 1e3:.3f} ms per sample "
         f"(median {median:.4f} s of {len(r['times_s'])} runs / {r['batch']}) -> {path}"
     )

@@ -21,7 +21,8 @@ greedy decoding is timed at each set of the tasks' lengths. The figures:
 - Fig. 5: the XXL role's MQA and GQA at alpha 0 (converted, no step), 0.05 and 0.1, on the same
   proxy, with the MHA XXL role's pre-training dev loss as the reference line;
 - Fig. 6: time per sample against the number of groups (1, 2, 4, 8) at the XXL role's shape on
-  long inputs (converted weights, EOS disabled).
+  long inputs (converted weights, EOS disabled), with the float cache and (beyond the paper) an
+  int8 KV cache (``--set caches=float`` for the float line alone; the quick scale's default).
 
 Settings that differ from the paper's, and why: fine-tuning at learning rate 0.01 and batch 8
 for a few dozen steps (the paper: 0.001, batch 128, to convergence; at 0.001 these small models
@@ -45,8 +46,10 @@ from gqa_jax.experiments import runs as R
 from gqa_jax.experiments.sweep import Run, Sweep
 
 # methods: Fig. 4's conversions, "paper" (mean, first, random) or "all" (+ grouped, aligned, svd);
-# fig4_seeds: uptraining seeds of each (their spread is in the report)
-PARAMS = {"scale": "default", "data_dir": None, "vocab": None, "methods": "paper", "fig4_seeds": 1}
+# fig4_seeds: uptraining seeds of each (their spread is in the report); caches: Fig. 6's KV caches
+# (paper.fig6_caches; None: the scale's)
+PARAMS = {"scale": "default", "data_dir": None, "vocab": None, "methods": "paper", "fig4_seeds": 1,
+          "caches": None}  # fmt: skip
 
 _L = {
     "d_model": 64,
@@ -80,6 +83,7 @@ SCALES = {
         "time": {"batch": 8, "runs": 5},
         "groups": (1, 2, 4, 8),
         "long": (2048, 256),
+        "caches": "float,int8",
     },
     "quick": {
         "vocab_size": 1000,
@@ -99,6 +103,7 @@ SCALES = {
         "time": {"batch": 2, "runs": 1},
         "groups": (1, 8),
         "long": (128, 4),
+        "caches": "float",
     },
     "large": {
         "vocab_size": 8000,
@@ -132,6 +137,7 @@ SCALES = {
         "time": {"batch": "auto", "runs": 5},
         "groups": (1, 2, 4, 8, 16),
         "long": (2048, 512),
+        "caches": "float,int8",
     },
 }
 PROXY = "dev span-corruption loss"
@@ -268,25 +274,29 @@ def get_sweep(params):
                 )
             )
     long_in, long_out = s["long"]
-    for k in s["groups"]:
-        start = "pretrain_xxl" if k == heads else f"convert_xxl_k{k}"
-        runs.append(
-            R.time(
-                f"time_xxl_groups_{k}",
-                None,
-                None,
-                long_in,
-                long_out,
-                model=f"{{run:{start}}}/model",
-                deps=(start,),
-                tags={"groups": k},
-                **timing,
+    caches = paper.fig6_caches(params["caches"] or s["caches"])
+    for cache in caches:
+        suffix, options, cache_tags = paper.fig6_cache_run(cache)
+        for k in s["groups"]:
+            start = "pretrain_xxl" if k == heads else f"convert_xxl_k{k}"
+            runs.append(
+                R.time(
+                    f"time_xxl_groups_{k}{suffix}",
+                    None,
+                    None,
+                    long_in,
+                    long_out,
+                    model=f"{{run:{start}}}/model",
+                    deps=(start,),
+                    tags={"groups": k, **cache_tags},
+                    **timing,
+                    **options,
+                )
             )
-        )
-    return Sweep("mini", tuple(runs), _paper(s, paper.conversion_methods(params["methods"])))
+    return Sweep("mini", tuple(runs), _paper(s, paper.conversion_methods(params["methods"]), caches))
 
 
-def _paper(s, methods=paper.FIG4_METHODS):
+def _paper(s, methods=paper.FIG4_METHODS, caches=("float",)):
     """The report's schema: the paper's Table 1 rows beside our roles, the figures' axes."""
     gqa = f"GQA-{s['gqa']}-XXL"
     ours = {"MHA-Large": "MHA-Large", "MHA-XXL": "MHA-XXL", "MQA-XXL": "MQA-XXL", gqa: "GQA-8-XXL"}
@@ -312,6 +322,7 @@ def _paper(s, methods=paper.FIG4_METHODS):
             "reference_groups": heads,
             "input_len": long_in,
             "output_len": long_out,
+            "caches": list(caches),
         },
         "proxy": {"fig4": PROXY, "fig5": PROXY},
     }

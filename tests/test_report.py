@@ -348,6 +348,29 @@ def test_fig6_time_vs_groups(tmp_path):
     keep_png(written["fig6"], "fig6_groups.png")
 
 
+def test_fig6_has_a_line_per_kv_cache_and_the_quantized_over_float_ratio(tmp_path):
+    caches = (("", {}), ("_int8", {"cache": "int8"}))
+    runs = tuple(Run(f"time_k{k}{sfx}", "time", {}, (), {"groups": k, **tags}) for sfx, tags in caches
+                 for k in (1, 4, 8))  # fmt: skip
+    values = {f"time_k{k}": 0.2 * k for k in (1, 4, 8)} | {f"time_k{k}_int8": 0.1 * k for k in (1, 4, 8)}
+    paper = {"groups": [1, 4, 8], "reference_groups": 8, "caches": ["float", "int8"]}
+    sweep = Sweep("fig6_groups", runs, paper)
+    written = report.write_report(sweep, fake_root(tmp_path, sweep, values, skip={"time_k8_int8"}))
+    rows = read_csv(written["report.csv"])
+    assert float(csv_value(rows, "fig6", "groups=4", "time_per_sample_s")["ours_mean"]) == pytest.approx(0.8)
+    int8 = "time_per_sample_s[int8 cache]"
+    assert float(csv_value(rows, "fig6", "groups=4", int8)["ours_mean"]) == pytest.approx(0.4)
+    assert csv_value(rows, "fig6", "groups=8", int8)["ours_mean"] == ""
+    md = written["report.md"].read_text()
+    header = "| groups | float cache: time per sample (s) | int8 cache: time per sample (s) | int8 / float |"
+    assert header in md
+    assert "| 4 | 0.8 | 0.4 | 0.500 |" in md and "| 8 (MHA) | 1.6 | missing | missing |" in md
+    fig = report.compute(sweep, tmp_path).figures["fig6"]
+    assert fig["reference"][1].mean == pytest.approx(1.6)  # MHA's reference line is the float cache's
+    check_png(written["fig6"])
+    keep_png(written["fig6"], "fig6_caches.png")
+
+
 # ---------------------------------------------------------------------------------- the mini
 MINI_TABLE = {  # MQA: the most spread over seeds; GQA a hair above MHA (within noise)
     "MHA": ({"docsum": [20.0, 20.4], "codesum": [30.0, 30.2]}, 0.040),

@@ -158,13 +158,26 @@ def test_fig5_dry_run_covers_alpha_0_005_01_for_mqa_and_gqa8_and_the_mha_referen
         check_finetune(argv)
 
 
-def test_fig6_dry_run_times_xxl_at_each_group_count():
+def test_fig6_dry_run_times_xxl_at_each_group_count_with_the_float_and_the_int8_cache():
     commands = by_stage(dry_run("fig6_groups"))
-    got = sorted(int(options(a)["num-kv-heads"]) for a in commands["time"])
-    assert got == [1, 4, 8, 16, 32, 64]
+    by_cache = {}
     for argv in commands["time"]:
         o = options(argv)
         assert (o["preset"], o["input-len"], o["output-len"]) == ("xxl", "2048", "512")
+        by_cache.setdefault(o.get("cache-dtype", "float"), []).append(int(o["num-kv-heads"]))
+    assert by_cache == {"float": [1, 4, 8, 16, 32, 64], "int8": [1, 4, 8, 16, 32, 64]}
+    only_float = by_stage(dry_run("fig6_groups", "caches=float"))["time"]
+    assert len(only_float) == 6 and not any("--cache-dtype" in a for a in only_float)
+    fp8 = by_stage(dry_run("fig6_groups", "caches=float8_e4m3fn"))["time"]
+    assert {options(a)["cache-dtype"] for a in fp8} == {"float8_e4m3fn"}
+    with pytest.raises(ValueError, match="caches='int4': name some of float, int8"):
+        load_sweep(REPO / "experiments" / "fig6_groups.py", ["caches=int4"])
+
+
+def test_the_sweeps_quantized_caches_are_the_kv_caches():
+    from gqa_jax import kv_quant
+
+    assert set(paper.QUANTIZED_CACHES) == set(kv_quant.QMAX)
 
 
 def test_set_changes_a_param_or_a_field_and_unknown_keys_are_errors():
@@ -201,7 +214,7 @@ def test_bad_sweep_files_are_clear_errors(tmp_path):
         )
 
 
-@pytest.mark.parametrize("scale, runs", [("default", 80), ("quick", 28), ("large", 86)])
+@pytest.mark.parametrize("scale, runs", [("default", 84), ("quick", 28), ("large", 91)])
 def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs):
     sweep = load_sweep(REPO / "experiments" / "mini.py", [f"scale={scale}"])
     assert len(sweep.runs) == runs

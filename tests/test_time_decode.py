@@ -44,7 +44,7 @@ def test_given_batch_writes_every_field_and_refuses_to_overwrite(tmp_path, capsy
     assert record["batch"] == 2 and record["batch_rule"] == td.RULE_GIVEN == "given"
     assert (record["input_len"], record["output_len"]) == (16, 8)
     assert (record["preset"], record["num_heads"], record["num_kv_heads"]) == ("tiny", 4, 2)
-    assert (record["dtype"], record["weights"]) == ("float32", "random")
+    assert (record["dtype"], record["cache_dtype"], record["weights"]) == ("float32", "float32", "random")
     assert record["machine"]["backend"] == jax.default_backend()
     assert record["machine"]["device_count"] == jax.device_count()
     assert not [p.name for p in workdir.iterdir() if p.name != "timing.json"]  # no temporary left
@@ -55,6 +55,16 @@ def test_given_batch_writes_every_field_and_refuses_to_overwrite(tmp_path, capsy
     assert (workdir / "timing.json").read_text() == before
     assert time_cli.run(parse([*argv, "--overwrite"])) == 0
     assert (workdir / "timing.json").read_text() != before  # new times
+
+
+def test_a_checkpoint_timed_with_an_int8_cache_records_it(tmp_path):
+    ckpt = checkpoints.save(model_lib.build(preset("tiny", num_kv_heads=2), seed=3), tmp_path / "ckpt")
+    argv = ["--workdir", str(tmp_path / "t"), "--model", str(ckpt), "--batch", "2", "--cache-dtype", "int8"]
+    assert time_cli.run(parse([*argv, *SHAPE])) == 0
+    record = json.loads((tmp_path / "t" / "timing.json").read_text())
+    assert (record["dtype"], record["cache_dtype"], record["num_kv_heads"]) == ("float32", "int8", 2)
+    with pytest.raises(SystemExit):  # argparse: --cache-dtype: invalid choice
+        parse([*argv, *SHAPE[:-2], "--cache-dtype", "int4"])
 
 
 def test_batch_auto_takes_the_cap_when_it_fits(tmp_path):

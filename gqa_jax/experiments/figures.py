@@ -29,6 +29,7 @@ DPI = 120
 OURS = "tab:blue"
 PAPER = "dimgray"
 MISSING = "firebrick"
+CACHE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")  # Fig. 6's quantized caches
 
 
 def _new(ncols: int = 1) -> tuple[Figure, Any]:
@@ -209,14 +210,21 @@ def fig5(data: Mapping[str, Any], path: Path) -> Path:
 def fig6(data: Mapping[str, Any], path: Path) -> Path:
     fig, (ax,) = _new()
     groups = data["groups"]
-    pts = [(g, s) for g, s in zip(groups, data["times"], strict=True) if _present(s)]
-    if pts:
-        ax.errorbar([g for g, _ in pts], [s.mean for _, s in pts], yerr=[_err(s) for _, s in pts], fmt="-o",
-                    color=OURS, capsize=3, label="ours (1 group = MQA)")  # fmt: skip
+    lines = data.get("lines") or {"float": data["times"]}
+    drawn = 0
+    for i, (cache, line) in enumerate(lines.items()):
+        pts = [(g, s) for g, s in zip(groups, line, strict=True) if _present(s)]
+        drawn += len(pts)
+        if not pts:
+            continue
+        label = "ours (1 group = MQA)" if len(lines) == 1 else f"ours, {cache} KV cache"
+        ax.errorbar([g for g, _ in pts], [s.mean for _, s in pts], yerr=[_err(s) for _, s in pts], marker="o",
+                    color=OURS if cache == "float" else CACHE_COLORS[i % len(CACHE_COLORS)],
+                    ls="-" if cache == "float" else "--", capsize=3, label=label)  # fmt: skip
     label, ref = data["reference"]
     if _present(ref):
         ax.axhline(ref.mean, color="black", ls=":", lw=1.5, label=label)
-    if not pts:
+    if not drawn:
         _no_data(ax)
     else:
         ax.legend(fontsize=9)
@@ -228,10 +236,10 @@ def fig6(data: Mapping[str, Any], path: Path) -> Path:
     ax.set_title(_title(data["title"]), fontsize=10)
     ax.grid(alpha=0.3)
     ax.margins(y=0.15)
-    gone = [g for g, s in zip(groups, data["times"], strict=True) if not _present(s)]
-    for g in gone:
+    gone = [(c, g) for c, line in lines.items() for g, s in zip(groups, line, strict=True) if not _present(s)]
+    for g in dict.fromkeys(g for _, g in gone):
         _mark_missing(ax, g)
-    _note_missing(fig, [f"{g} groups" for g in gone])
+    _note_missing(fig, [f"{g} groups" + ("" if len(lines) == 1 else f" ({c} cache)") for c, g in gone])
     fig.savefig(path, dpi=DPI)
     return path
 

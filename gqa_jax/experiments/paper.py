@@ -74,6 +74,28 @@ FIG5_ALPHAS = (0.0, 0.05, 0.1)
 # Figure 6: XXL time per sample against the number of groups, input 2048 / output 512.
 FIG6_GROUPS = (1, 4, 8, 16, 32, 64)
 FIG6_LENGTHS = (2048, 512)
+# Beyond the paper: Fig. 6's lines per KV cache, "float" (the model's dtype, the paper's) and the
+# quantized caches of gqa_jax.kv_quant (a 1-byte element and a float32 scale per token and head).
+QUANTIZED_CACHES = ("int8", "float8_e4m3fn", "float8_e5m2")  # kv_quant.QMAX's keys (a test checks)
+
+
+def fig6_caches(value: str) -> tuple[str, ...]:
+    """A Fig. 6 sweep's ``caches`` parameter: a comma-separated list from ``float`` and the
+    quantized cache dtypes (``float,int8``: the float cache's line and the int8 cache's)."""
+    known = ("float", *QUANTIZED_CACHES)
+    chosen = tuple(dict.fromkeys(c.strip() for c in str(value).split(",") if c.strip()))
+    unknown = [c for c in chosen if c not in known]
+    if unknown or not chosen:
+        raise ValueError(f"caches={value!r}: name some of {', '.join(known)} (comma-separated)")
+    return chosen
+
+
+def fig6_cache_run(cache: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """One of Fig. 6's caches as ``(run name suffix, time options, report tags)``: ``float`` has
+    none (the paper's runs, named as before); a quantized one ``_int8``, ``cache_dtype``, ``cache``."""
+    if cache == "float":
+        return "", {}, {}
+    return f"_{cache}", {"cache_dtype": cache}, {"cache": cache}
 
 
 def table1_paper() -> dict[str, Any]:

@@ -34,6 +34,7 @@ from gqa_jax.experiments.sweep import Run, Sweep
 PARTS = ("table1", "fig4", "fig5", "fig6")  # Sweep.paper keys of the mini (Fig. 3 is Table 1's)
 BY_NAME = {"table1": "table1", "fig4_conversion": "fig4", "fig5_alpha": "fig5", "fig6_groups": "fig6"}
 BY_KEY = {"rows": "table1", "methods": "fig4", "alphas": "fig5", "reference_groups": "fig6"}
+FLOAT_CACHE = "float"  # Fig. 6's line of the time runs without a "cache" tag (the model's dtype)
 PROXY_STAGES = ("pretrain", "uptrain")  # their metrics.jsonl holds the dev span-corruption loss
 CSV_COLUMNS = ("section", "row", "column", "ours_mean", "ours_std", "n_seeds", "paper")
 
@@ -343,21 +344,28 @@ def fig5(records: Sequence[Record], schema: Mapping[str, Any], proxy: str | None
 
 
 def fig6(records: Sequence[Record], schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Figure 6: time per sample against the number of groups; groups == reference_groups is MHA."""
-    cells = gather(records, _runs("time", "groups", part="fig6"), lambda r: r.tags["groups"], "time")
-    groups = _unique([*schema.get("groups", []), *sorted(cells)])
+    """Figure 6: time per sample against the number of groups; groups == reference_groups is MHA.
+    One line per KV cache: time runs tagged ``cache`` (a quantized dtype, e.g. int8) draw that
+    cache's line, the others the float cache's (the model's dtype, the paper's); ``times`` and
+    ``reference`` are the float line's."""
+    key = lambda r: (r.tags.get("cache", FLOAT_CACHE), r.tags["groups"])  # noqa: E731
+    cells = gather(records, _runs("time", "groups", part="fig6"), key, "time")
+    groups = _unique([*schema.get("groups", []), *sorted(g for _, g in cells)])
+    caches = _unique([*schema.get("caches", [FLOAT_CACHE]), *(c for c, _ in cells)])
     ref = schema.get("reference_groups", max(groups, default=None))
     lengths = (
         f" (input {schema['input_len']}, output {schema['output_len']})" if "input_len" in schema else ""
     )
+    lines = {c: [cells.get((c, g), Stat(None)) for g in groups] for c in caches}
     return {
         "title": "Fig. 6: time per sample vs number of groups" + lengths,
         "xlabel": "number of groups (K/V heads; log scale)",
         "ylabel": "time per sample (s)",
         "groups": groups,
-        "times": [cells.get(g, Stat(None)) for g in groups],
+        "times": lines.get(FLOAT_CACHE, [Stat(None)] * len(groups)),
+        "lines": lines,
         "reference_groups": ref,
-        "reference": (f"MHA ({ref} groups)", cells.get(ref, Stat(None))),
+        "reference": (f"MHA ({ref} groups)", cells.get((FLOAT_CACHE, ref), Stat(None))),
     }
 
 
@@ -432,8 +440,10 @@ def csv_rows(numbers: Numbers) -> list[tuple[Any, ...]]:
         ref, s = figs["fig5"]["reference"]
         add("fig5", ref, "reference", s)
     if "fig6" in figs:
-        for g, s in zip(figs["fig6"]["groups"], figs["fig6"]["times"], strict=True):
-            add("fig6", f"groups={g}", "time_per_sample_s", s)
+        for cache, line in figs["fig6"]["lines"].items():
+            column = "time_per_sample_s" + ("" if cache == FLOAT_CACHE else f"[{cache} cache]")
+            for g, s in zip(figs["fig6"]["groups"], line, strict=True):
+                add("fig6", f"groups={g}", column, s)
     return rows
 
 

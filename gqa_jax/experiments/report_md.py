@@ -157,17 +157,32 @@ def fig5_section(data: Mapping[str, Any], files: Mapping[str, str]) -> list[str]
 
 
 def fig6_section(data: Mapping[str, Any], files: Mapping[str, str], numbers: Any) -> list[str]:
-    rows = [
-        [f"{g}" + (" (MHA)" if g == data["reference_groups"] else ""), fmt(s, "time")]
-        for g, s in zip(data["groups"], data["times"], strict=True)
-    ]
+    lines = data["lines"]
+    quantized = [c for c in lines if c != "float"]
+    header = ["groups", *(f"{c} cache: time per sample (s)" for c in lines)]
+    header += [f"{c} / float" for c in quantized if "float" in lines]
+    rows = []
+    for i, g in enumerate(data["groups"]):
+        row = [f"{g}" + (" (MHA)" if g == data["reference_groups"] else "")]
+        row += [fmt(line[i], "time") for line in lines.values()]
+        for c in quantized if "float" in lines else ():
+            q, f = lines[c][i], lines["float"][i]
+            row.append("missing" if q.missing or f.missing else f"{q.mean / f.mean:.3f}")
+        rows.append(row)
+    cache_note = (
+        " The float cache holds K/V in the model's dtype (the paper's); "
+        + ", ".join(quantized)
+        + " stores one byte per element and a float32 scale per token and K/V head."
+        if quantized
+        else ""
+    )
     return [
         f"## {data['title']}",
         "",
         *_image("fig6", files, data["title"]),
-        f"Time: timing.json's time_per_sample_s on {machine(numbers.records)}.",
+        f"Time: timing.json's time_per_sample_s on {machine(numbers.records)}.{cache_note}",
         "",
-        *md_table(["groups", "time per sample (s)"], rows),
+        *md_table(header, rows),
     ]
 
 

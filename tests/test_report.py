@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gqa_jax.experiments import claims as claims_lib
-from gqa_jax.experiments import report
+from gqa_jax.experiments import report, stats
 from gqa_jax.experiments.sweep import Run, Sweep, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -532,3 +532,40 @@ def test_fig4_on_the_proxy_shows_the_converted_and_the_uptrained_loss_over_seeds
     verdicts = claim_rows(written["report.md"].read_text())
     assert verdicts["conversion Mean > First > Random (Fig. 4 data)" + ON_PROXY] == "reproduced"
     check_png(written["fig4"])
+
+
+def test_fig4_ranks_the_methods_per_column_against_mean_with_the_seeds_spread():
+    S = stats.stat
+    bars = {
+        "mean": [S({0: 6.0, 1: 6.0}, 2), S({0: 4.80, 1: 4.86}, 2)],
+        "svd": [S({0: 4.8, 1: 4.8}, 2), S({0: 4.68, 1: 4.70}, 2)],  # beyond the spread
+        "first": [S({0: 6.3, 1: 6.3}, 2), S({0: 4.82, 1: 4.90}, 2)],  # within it
+        "random": [S({0: 8.4}, 2), S({}, 2)],  # one seed; missing
+    }
+    ranking = stats.rank_methods(bars, ["converted", "uptrained"], lower_is_better=True)
+    converted, uptrained = ranking["converted"], ranking["uptrained"]
+    assert [(m, v) for m, _, v in converted] == [
+        ("svd", "better (every seed the same: no spread)"),
+        ("mean", "baseline"),
+        ("first", "worse (every seed the same: no spread)"),
+        ("random", "worse (one seed: no spread)"),
+    ]
+    assert [(m, v) for m, _, v in uptrained] == [
+        ("svd", "better, beyond the spread"),
+        ("mean", "baseline"),
+        ("first", "worse, within the spread"),
+        ("random", "missing"),
+    ]
+    scores = stats.rank_methods({"mean": [S({0: 40.0}, 1)], "first": [S({0: 42.0}, 1)]}, ["cnn"],
+                                lower_is_better=False)  # fmt: skip
+    assert [m for m, _, _ in scores["cnn"]] == ["first", "mean"]  # higher first
+
+
+def test_the_fig4_section_prints_the_ranking(tmp_path):
+    sweep, values = fig4_sweep()
+    md = report.write_report(sweep, fake_root(tmp_path, sweep, values))["report.md"].read_text()
+    assert "Ranked per column, highest first. Against mean pooling" in md
+    assert "| rank | CNN R1 | against mean | TriviaQA F1 | against mean | mean | against mean |" in md
+    first = "| 1 | mean 44.50 ± 0.71, n=2 | baseline | mean 80.00 | baseline | mean 62.25, n=1 of 2 |"
+    assert first + " baseline |" in md
+    assert "| 2 | first 42.50 ± 0.71, n=2 | worse, beyond the spread | first 78.00 | worse (one seed" in md

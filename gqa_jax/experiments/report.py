@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gqa_jax.experiments import claims as claims_lib
+from gqa_jax.experiments.stats import Stat, mean_of, rank_methods, stat
 from gqa_jax.experiments.sweep import Run, Sweep
 
 PARTS = ("table1", "fig4", "fig5", "fig6")  # Sweep.paper keys of the mini (Fig. 3 is Table 1's)
@@ -37,45 +38,6 @@ BY_KEY = {"rows": "table1", "methods": "fig4", "alphas": "fig5", "reference_grou
 FLOAT_CACHE = "float"  # Fig. 6's line of the time runs without a "cache" tag (the model's dtype)
 PROXY_STAGES = ("pretrain", "uptrain")  # their metrics.jsonl holds the dev span-corruption loss
 CSV_COLUMNS = ("section", "row", "column", "ours_mean", "ours_std", "n_seeds", "paper")
-
-
-# ---------------------------------------------------------------------------------- numbers
-@dataclasses.dataclass(frozen=True)
-class Stat:
-    """Ours for one cell: mean and sample std over ``n`` of the ``expected`` runs (seeds), and the
-    value of each seed (what a mean over tasks combines); ``mean is None``: missing."""
-
-    mean: float | None
-    std: float | None = None
-    n: int = 0
-    expected: int = 0
-    seeds: Mapping[Any, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def missing(self) -> bool:
-        return self.mean is None
-
-
-def stat(values: Mapping[Any, float], expected: int) -> Stat:
-    """Mean and sample std (None under two values) of ``values`` (seed -> value)."""
-    xs = list(values.values())
-    if not xs:
-        return Stat(None, expected=expected)
-    std = statistics.stdev(xs) if len(xs) > 1 else None
-    return Stat(statistics.fmean(xs), std, len(xs), expected, dict(values))
-
-
-def mean_of(stats: Sequence[Stat]) -> Stat:
-    """The plain mean of several cells (tasks): missing when any is; its spread is the std of the
-    per-seed means over the seeds every cell has."""
-    expected = max((s.expected for s in stats), default=0)
-    if not stats or any(s.missing for s in stats):
-        return Stat(None, expected=expected)
-    common = set.intersection(*(set(s.seeds) for s in stats))
-    per_seed = {k: statistics.fmean(s.seeds[k] for s in stats) for k in sorted(common, key=str)}
-    std = statistics.stdev(per_seed.values()) if len(per_seed) > 1 else None
-    n = len(common) if common else min(s.n for s in stats)
-    return Stat(statistics.fmean(s.mean for s in stats), std, n, expected, per_seed)
 
 
 # ---------------------------------------------------------------------------------- collect
@@ -305,6 +267,7 @@ def fig4(records: Sequence[Record], schema: Mapping[str, Any], proxy: str | None
         "groups": groups,
         "columns": [t for t, _ in tasks] + (["mean"] if len(tasks) > 1 and not proxy else []),
         "bars": bars,
+        "ranking": rank_methods(bars, groups, lower_is_better=proxy is not None),
         "proxy": proxy,
         "lower_is_better": proxy is not None,
     }

@@ -36,7 +36,10 @@ defaults to None is a typed placeholder and takes only a value of its type):
     uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random|
                       grouped|aligned|svd: docs/checkpoints.md),
                       attentions (tuple), alpha, original_steps, source_step (int: schedule offset;
-                      default original_steps): the run trains round(alpha x original_steps) steps
+                      default original_steps): the run trains round(alpha x original_steps) steps;
+                      calibration_batches (grouped and svd: compare / fit heads by their activations
+                      on that many batches of calibration_batch_size rows of calibration_task (str;
+                      default: task), at input_length, shuffled by seed; 0: by weights alone)
     batch_size        global rows per step; num_microbatches splits it for gradient accumulation
     mesh              "DATAxMODEL" device mesh (e.g. "1x8", "2x4"): params, optimizer state,
                       activations and the KV cache sharded by gqa_jax.sharding.RULES, batch rows
@@ -116,6 +119,9 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
             "alpha": 0.05,
             "original_steps": 1000,
             "source_step": config_dict.placeholder(int),
+            "calibration_batches": 0,  # 0: no calibration (grouped and svd by weights alone)
+            "calibration_batch_size": 8,
+            "calibration_task": config_dict.placeholder(str),  # None: the run's task
         }
     )
     c.log_every = 10

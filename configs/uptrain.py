@@ -14,7 +14,8 @@ docs/training.md). ``alpha=0`` trains no step: the conversion is saved as ``mode
 
 Variant keys: ``source`` (a gqa_jax checkpoint, HF T5 directory or T5X checkpoint_N), ``kv`` (K/V heads,
 1 = MQA), ``method``, ``alpha`` (paper: 0.05; 0: convert only), ``original_steps`` (the source's pre-training
-steps; default 1000), ``task``. The fields and their defaults: configs/base.py.
+steps; default 1000), ``task``, ``calibration`` (grouped and svd: batches of the task that calibrate the
+conversion; default 0, none). The fields and their defaults: configs/base.py.
 """
 
 from pathlib import Path
@@ -24,7 +25,8 @@ from gqa_jax import run_config
 
 def get_config(variant: str = ""):
     base = run_config.load_module(Path(__file__).with_name("base.py"))  # configs load by path
-    v = base.parse_variant(variant, ("source", "kv", "method", "alpha", "original_steps", "task"), __file__)
+    keys = ("source", "kv", "method", "alpha", "original_steps", "task", "calibration")
+    v = base.parse_variant(variant, keys, __file__)
     c = base.get_config()
     c.recipe = "uptrain"
     c.task = v.get("task", "stdlib_span")
@@ -33,4 +35,5 @@ def get_config(variant: str = ""):
     c.uptrain.method = v.get("method", "mean")
     c.uptrain.alpha = float(v.get("alpha", 0.05))
     c.uptrain.original_steps = int(v.get("original_steps", 1000))
+    c.uptrain.calibration_batches = int(v.get("calibration", 0))
     return c

@@ -14,7 +14,10 @@ are also the query heads ``n`` with ``n // (N // K') == j``):
 - ``grouped``, ``aligned``, ``svd`` (``gqa_jax.head_merging``, beyond the paper): groups chosen by
   similarity, heads rotated onto their group's first before the mean, the group's best rank-H
   fit; they also rewrite the query and output projections (and, for ``grouped`` self-attention,
-  the stack's relative position bias), whole layers at a time.
+  the stack's relative position bias), whole layers at a time. ``grouped`` and ``svd`` can be
+  calibrated: given the second moment ``C`` [D, D] of each converted layer's K/V input
+  (``gqa_jax.calibration`` gathers it on a few batches of data), they weigh heads by their
+  activations instead of their weights.
 
 Everything else (for the paper's three methods: query and output projections, norms, MLPs,
 embeddings, relative position biases, attentions not converted) is copied unchanged. Arithmetic
@@ -35,6 +38,9 @@ Files: :func:`convert_checkpoint` reads any checkpoint ``checkpoints.load_any`` 
 converts it and writes our checkpoint plus ``manifest.json`` (source path and content hash,
 configs, method, seed, group map, package version, git commit, time) in one atomic rename;
 :func:`check_conversion` re-derives a destination from its manifest and compares bit for bit.
+A calibrated conversion also writes its statistics as ``calibration.npz`` beside the manifest
+(which records how they were gathered and the file's sha256), so ``check_conversion`` re-derives
+it from the stored statistics, without the data.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import hashlib
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +62,8 @@ from flax import nnx
 from flax.nnx import traversals
 from jax.sharding import NamedSharding
 
-from gqa_jax import __version__, checkpoints, head_merging, paths, sharding
+from gqa_jax import __version__, calibration_stats, checkpoints, head_merging, paths, sharding
+from gqa_jax.calibration_stats import Statistics
 from gqa_jax.config import ATTENTION_KINDS, ModelConfig
 from gqa_jax.layers import fan_in_init
 from gqa_jax.log import log
@@ -65,6 +73,7 @@ METHODS = ("mean", "first", "random", *head_merging.MERGES)
 DEFAULT_ATTENTIONS = ("decoder_self", "cross")  # the paper's (section 3.1)
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = {"format": "gqa_jax.convert", "version": 1}
+CALIBRATION_FILE = "calibration.npz"  # a calibrated conversion's statistics, beside the manifest
 
 
 # Where each attention kind lives in the parameter tree: (stack, module under stack.layers[i]).
@@ -81,6 +90,7 @@ def to_grouped(
     *,
     attentions: tuple[str, ...] | list[str] = DEFAULT_ATTENTIONS,
     seed: int = 0,
+    calibration: Statistics | None = None,
 ) -> tuple[dict, ModelConfig, dict[str, Any]]:
     """Convert the K/V projections of ``attentions`` to ``num_kv_heads`` heads.
 
@@ -89,29 +99,38 @@ def to_grouped(
         nested dict (``nnx.to_pure_dict``); its shapes must match ``config``.
       config: the source config.
       num_kv_heads: ``K'``; it must divide the source K/V heads of every converted attention.
-      method: ``"mean"``, ``"first"`` or ``"random"``.
+      method: one of ``METHODS``.
       attentions: attention kinds to convert (default: decoder self- and cross-attention).
       seed: used by ``random`` only.
+      calibration: ``grouped`` and ``svd`` only: second moments of every converted attention's
+        K/V input (``Statistics``; ``gqa_jax.calibration.gather``); None: by weights alone.
     Returns:
       ``(params, config, manifest)``: the new parameters as a pure nested dict (load them with
       :func:`gqa_jax.model.build`), the new ``ModelConfig``, and a JSON-able record of the conversion
-      (method, seed, configs, group map, content hashes of the source and the result).
+      (method, seed, configs, group map, content hashes of the source, the calibration statistics
+      and the result).
     """
     if method not in METHODS:
         raise ValueError(f"to_grouped: unknown method={method!r}; known: {list(METHODS)}")
+    if calibration is not None:
+        check_calibrated_method(method)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         # jax.random.key folds other integers onto these (key(-1) == key(2**32 - 1)).
         raise ValueError(f"to_grouped: seed={seed!r} must be an integer in [0, 2**32)")
-    attentions = _normalize_attentions(attentions)
+    attentions = normalize_attentions(attentions)
     new_config = target_config(config, num_kv_heads, attentions)
     source = flat_params(model_or_params)
     check_params(source, config, "source")
+    moments, calibrated = None, None  # the statistics as checked, and their record
+    if calibration is not None:
+        moments = calibration_stats.check_statistics(calibration, config, attentions)
+        calibrated = {"statistics_sha256": calibration_stats.statistics_hash(calibration)}
 
     K2 = num_kv_heads
     params: FlatParams = {}
     orders = None
     if method in head_merging.MERGES:  # whole layers at a time (they rewrite the queries too)
-        params, orders = _merge_layers(source, config, K2, method, attentions)
+        params, orders = _merge_layers(source, config, K2, method, attentions, moments)
     for path, value in source.items():
         if path in params:  # written by _merge_layers
             continue
@@ -140,6 +159,7 @@ def to_grouped(
         "target_config": new_config.to_dict(),
         "groups": group_map(config, K2, attentions, orders),
         "source_params_sha256": _hash(source),
+        "calibration": calibrated,
         "target_params_sha256": _hash(params),
     }
     return traversals.unflatten_mapping(params), new_config, manifest
@@ -150,7 +170,7 @@ def target_config(config: ModelConfig, num_kv_heads: int, attentions: tuple[str,
     N, K2 = config.num_heads, num_kv_heads
     if not isinstance(K2, int) or isinstance(K2, bool) or K2 < 1:
         raise ValueError(f"num_kv_heads={K2!r} must be an integer >= 1 (1 is MQA)")
-    attentions = _normalize_attentions(attentions)
+    attentions = normalize_attentions(attentions)
     for kind in attentions:
         K = config.kv_heads(kind)
         if K2 > K:
@@ -192,7 +212,7 @@ def group_map(
     and ``order`` holds the permutation of the K/V heads (with their query heads and output rows).
     """
     out = {}
-    for kind in _normalize_attentions(attentions):
+    for kind in normalize_attentions(attentions):
         K = config.kv_heads(kind)
         G2 = K // num_kv_heads
         groups = [list(range(j * G2, (j + 1) * G2)) for j in range(num_kv_heads)]
@@ -204,12 +224,18 @@ def group_map(
 
 
 def _merge_layers(
-    source: FlatParams, config: ModelConfig, K2: int, method: str, attentions: tuple[str, ...]
+    source: FlatParams,
+    config: ModelConfig,
+    K2: int,
+    method: str,
+    attentions: tuple[str, ...],
+    moments: dict[str, np.ndarray] | None,
 ) -> tuple[FlatParams, dict[str, list[list[int]]] | None]:
     """The ``head_merging`` methods, layer by layer: the new q / k / v / o of every converted
     attention (and, for ``grouped`` self-attention, its stack's relative position bias, whose
     columns follow the query heads; one head order for the whole stack, since the layers share
-    that bias), plus the head orders (``grouped``) per attention and layer."""
+    that bias), plus the head orders (``grouped``) per attention and layer. ``moments``: the
+    checked calibration statistics, or None."""
     out: FlatParams = {}
     orders: dict[str, list[list[int]]] = {}
     for kind in attentions:
@@ -219,8 +245,14 @@ def _merge_layers(
         paths = [[(stack, "layers", i, module, n) for n in names] for i in range(layers)]
         arrays = [[np.asarray(source[p], np.float64) for p in row] for row in paths]
         K = arrays[0][1].shape[1]
+        if moments is None:
+            c = [None] * layers  # by weights alone
+        elif kind == "cross":
+            c = [moments[kind][0]] * layers  # one encoder output is every layer's K/V input
+        else:
+            c = list(moments[kind])  # [D, D] per layer
         if method == "grouped":
-            feats = [head_merging.head_features(k, v) for _, k, v, _ in arrays]
+            feats = [head_merging.head_features(k, v, c[i]) for i, (_, k, v, _) in enumerate(arrays)]
             if kind == "cross":  # no position bias: each layer its own groups
                 order = [head_merging.similar_groups(f, K // K2) for f in feats]
             else:  # the stack's bias follows the query heads: one order for every layer
@@ -230,6 +262,8 @@ def _merge_layers(
             if method == "grouped":
                 q, k, v, o, query_order = head_merging.permute(q, k, v, o, order[i])
                 k, v = head_merging.mean_pool(k, K2), head_merging.mean_pool(v, K2)
+            elif method == "svd":
+                q, k, v, o = head_merging.svd(q, k, v, o, K2, c[i])
             else:
                 q, k, v, o = getattr(head_merging, method)(q, k, v, o, K2)
             for path, new in zip(paths[i], (q, k, v, o), strict=True):
@@ -239,6 +273,27 @@ def _merge_layers(
             table = np.asarray(source[bias])  # [buckets, N]
             out[bias] = _place_like(source[bias], bias, table[:, query_order])
     return out, (orders if method == "grouped" else None)
+
+
+# ------------------------------------------------------------------------ calibration statistics
+def check_calibrated_method(method: str) -> None:
+    """A ValueError unless ``method`` can use calibration statistics (``head_merging.CALIBRATED``)."""
+    if method not in head_merging.CALIBRATED:
+        raise ValueError(
+            f"calibration is used by method {' and '.join(head_merging.CALIBRATED)} only, not "
+            f"method={method!r}: choose one of those methods or drop the calibration"
+        )
+
+
+def stored_calibration(
+    statistics: Statistics, calibrated: dict[str, Any], gathered: dict[str, Any]
+) -> tuple[dict[str, Any], bytes]:
+    """``(entry, data)``: the bytes of ``CALIBRATION_FILE`` holding ``statistics``, and the manifest's
+    ``calibration`` entry: how they were gathered (``gathered``, from ``gqa_jax.calibration.gather``),
+    their sha256 (``calibrated``, ``to_grouped``'s record), the file's name and sha256."""
+    data = calibration_stats.statistics_bytes(statistics)
+    file_hash = hashlib.sha256(data).hexdigest()
+    return {**gathered, **calibrated, "file": CALIBRATION_FILE, "file_sha256": file_hash}, data
 
 
 def content_hash(model_or_params: T5 | nnx.State | dict) -> str:
@@ -269,14 +324,19 @@ def convert_checkpoint(
     attentions: tuple[str, ...] | list[str] = DEFAULT_ATTENTIONS,
     seed: int = 0,
     overwrite: bool = False,
+    calibrate: Callable[[T5], tuple[Statistics, dict[str, Any]]] | None = None,
 ) -> tuple[epath.Path, dict[str, Any]]:
     """Convert the checkpoint ``src`` and save it with ``manifest.json`` at ``dst``.
 
     Never writes into ``src``; an existing ``dst`` is refused unless ``overwrite`` (and even
     then only a gqa_jax checkpoint is replaced). The destination appears complete or not at all;
-    what a killed conversion to ``dst`` left beside it is tidied first (and said). Returns
-    ``(dst, manifest)``.
+    what a killed conversion to ``dst`` left beside it is tidied first (and said). ``calibrate``
+    (``grouped`` and ``svd``) takes the loaded source model and returns ``(statistics, record)``
+    (``gqa_jax.calibration.gather``); the statistics go to ``calibration.npz`` and the manifest's
+    ``calibration`` holds the record and the file's sha256. Returns ``(dst, manifest)``.
     """
+    if calibrate is not None:
+        check_calibrated_method(method)  # before anything is loaded or gathered
     src_path, dst_path = paths.resolve(src, "source"), paths.resolve(dst, "destination")
     src_path, dst_path = (p if paths.is_remote(p) else p.resolve() for p in (src_path, dst_path))
     if src_path == dst_path or src_path in dst_path.parents or dst_path in src_path.parents:
@@ -289,9 +349,15 @@ def convert_checkpoint(
     if dst_path.exists() and not overwrite and not (dst_path.is_dir() and not any(dst_path.iterdir())):
         raise FileExistsError(f"destination {dst_path} already exists; pass --overwrite to replace it")
     model, config, kind = checkpoints.load_any(src_path)
+    statistics, extra_files = None, {}
+    if calibrate is not None:
+        statistics, gathered = calibrate(model)
     params, new_config, record = to_grouped(
-        model, config, num_kv_heads, method, attentions=attentions, seed=seed
+        model, config, num_kv_heads, method, attentions=attentions, seed=seed, calibration=statistics
     )
+    if statistics is not None:
+        record["calibration"], data = stored_calibration(statistics, record["calibration"], gathered)
+        extra_files[CALIBRATION_FILE] = data
     manifest = {
         **MANIFEST_FORMAT,
         "source": {"path": str(src_path), "kind": kind},
@@ -300,19 +366,18 @@ def convert_checkpoint(
         **_git_state(),
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    text = json.dumps(manifest, indent=2) + "\n"
-    path = checkpoints.save(
-        build(new_config, params), dst_path, overwrite=overwrite, extra_files={MANIFEST: text}
-    )
+    extra_files[MANIFEST] = json.dumps(manifest, indent=2) + "\n"
+    path = checkpoints.save(build(new_config, params), dst_path, overwrite=overwrite, extra_files=extra_files)
     return path, manifest
 
 
 def check_conversion(dst: str | os.PathLike) -> list[str]:
     """Re-derive ``dst`` from its manifest's source and compare; returns the problems (none = OK).
 
-    Checks that the source still hashes as recorded, that re-running the recorded conversion
-    gives the destination's config, group map and parameters bit for bit, and that the
-    destination's parameters hash as recorded.
+    Checks that the source still hashes as recorded, that a calibrated conversion's stored
+    statistics (``calibration.npz``) are there and hash as recorded, that re-running the recorded
+    conversion (from those statistics) gives the destination's config, group map and parameters
+    bit for bit, and that the destination's parameters hash as recorded.
     """
     dst_path = paths.resolve(dst, "converted checkpoint")
     if not (dst_path / MANIFEST).is_file():
@@ -330,6 +395,17 @@ def check_conversion(dst: str | os.PathLike) -> list[str]:
         problems.append(f"source kind is now {kind!r}, manifest says {manifest['source']['kind']!r}")
     if content_hash(source_model) != manifest["source_params_sha256"]:
         return [*problems, f"source {manifest['source']['path']} changed since the conversion (content hash)"]
+    statistics = None
+    if manifest.get("calibration") is not None:
+        file = dst_path / manifest["calibration"]["file"]
+        if not file.is_file():
+            return [*problems, f"{file} is missing: the conversion was calibrated with the statistics "
+                    "stored there, and without them it cannot be re-derived"]  # fmt: skip
+        data = file.read_bytes()
+        if hashlib.sha256(data).hexdigest() != manifest["calibration"]["file_sha256"]:
+            return [*problems, f"{file} differs from the one the conversion wrote (sha256 is not the "
+                    "manifest's calibration.file_sha256): it was changed or replaced"]  # fmt: skip
+        statistics = calibration_stats.read_statistics(data, str(file))
     seed = manifest["seed"] if manifest["seed"] is not None else 0
     params, new_config, record = to_grouped(
         source_model,
@@ -338,7 +414,12 @@ def check_conversion(dst: str | os.PathLike) -> list[str]:
         manifest["method"],
         attentions=tuple(manifest["attentions"]),
         seed=seed,
+        calibration=statistics,
     )
+    if statistics is not None:
+        recorded = manifest["calibration"].get("statistics_sha256")
+        if record["calibration"]["statistics_sha256"] != recorded:
+            problems.append("manifest calibration.statistics_sha256 differs from the stored statistics")
     for key in ("source_config", "target_config", "groups", "target_params_sha256"):
         if record[key] != manifest[key]:
             problems.append(f"manifest {key} differs from the re-derived conversion")
@@ -367,7 +448,9 @@ def _place_like(source: Any, path: Path_, new: np.ndarray) -> jax.Array:
     return jnp.asarray(new)
 
 
-def _normalize_attentions(attentions: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+def normalize_attentions(attentions: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Attention kinds in ``ATTENTION_KINDS``'s order without repeats; a ValueError for an unknown
+    name or none at all."""
     if isinstance(attentions, str):
         attentions = (attentions,)
     unknown = [a for a in attentions if a not in ATTENTION_KINDS]

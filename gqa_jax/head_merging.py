@@ -23,6 +23,19 @@ as much of each head's function as possible survives the merge:
   part ``Cm = S^-1 U^T km`` [H, H] (``km ~ shared Cm``) moves into its query heads
   (``qn Cm^T``); likewise V, with ``Em`` moved into the output rows (``Em on``). With ``G = 1``
   it would be an exact change of basis, so the head is kept as it is.
+
+Calibrated (``second_moment`` given: ``C = X^T X / n`` [D, D], the second moment of the layer's
+K/V input ``X`` over some tokens, gathered by ``gqa_jax.calibration``): what should survive is each
+head's activations ``X km``, not its weights, so both methods measure in the inner product
+``<a, b>_C = tr(a^T C b)``, i.e. on ``C^{1/2} km``:
+
+- ``grouped``: the heads' features are ``C^{1/2} km`` and ``C^{1/2} vm``, so heads that differ
+  only where the inputs never go look alike;
+- ``svd``: ``C^{1/2} [k_1 .. k_G] = U S Vt``; the shared head is ``C^{-1/2} U[:, :H] S[:H]`` and
+  member ``m``'s part is its [H, H] block of ``Vt[:H]``, so ``X km ~ X shared Cm`` is the best
+  rank-H fit of the group's activations (in the mean over the calibration tokens).
+
+This module only receives ``C``; it never sees data.
 """
 
 from __future__ import annotations
@@ -30,6 +43,13 @@ from __future__ import annotations
 import numpy as np
 
 MERGES = ("grouped", "aligned", "svd")
+CALIBRATED = ("grouped", "svd")  # the methods that can weigh heads by a second moment of their input
+# C + RIDGE * trace(C) / D * I: the calibration tokens may not span every input direction (fewer
+# tokens than D, or inputs confined to a subspace), and C^{-1/2} needs C invertible. The ridge is a
+# millionth of C's mean eigenvalue: it changes the fit on the directions the data covers by about
+# that much, and on the uncovered ones svd's shared head keeps the weights' own values (projected on
+# the group's top right singular vectors) instead of whatever an ill-conditioned inverse would give.
+RIDGE = 1e-6
 
 
 def _query_heads(m: int, num_heads: int, num_kv: int) -> slice:
@@ -62,9 +82,25 @@ def similar_groups(features: np.ndarray, group_size: int) -> list[int]:
     return order
 
 
-def head_features(k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """[K, 2*D*H]: each K/V head's K and V projections, flattened (what ``grouped`` compares)."""
+def weighting(second_moment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(C^{1/2}, C^{-1/2})`` [D, D] of the ridged second moment (``RIDGE``), symmetric, float64."""
+    D = second_moment.shape[0]
+    c = (second_moment + second_moment.T) / 2  # symmetric to the last bit
+    floor = RIDGE * np.trace(c) / D
+    eigenvalues, vectors = np.linalg.eigh(c + floor * np.eye(D))
+    eigenvalues = np.maximum(eigenvalues, floor)  # rounding may leave one a little below the ridge
+    root = np.einsum("de,e,fe->df", vectors, np.sqrt(eigenvalues), vectors)
+    inverse = np.einsum("de,e,fe->df", vectors, 1.0 / np.sqrt(eigenvalues), vectors)
+    return root, inverse
+
+
+def head_features(k: np.ndarray, v: np.ndarray, second_moment: np.ndarray | None = None) -> np.ndarray:
+    """[K, 2*D*H]: each K/V head's K and V projections, flattened (what ``grouped`` compares); with
+    ``second_moment`` C [D, D], of ``C^{1/2} k`` and ``C^{1/2} v`` (their activations' geometry)."""
     K = k.shape[1]
+    if second_moment is not None:
+        root, _ = weighting(second_moment)
+        k, v = np.einsum("ed,dkh->ekh", root, k), np.einsum("ed,dkh->ekh", root, v)
     return np.concatenate([k.transpose(1, 0, 2).reshape(K, -1), v.transpose(1, 0, 2).reshape(K, -1)], axis=1)
 
 
@@ -107,20 +143,40 @@ def _shared_basis(members: np.ndarray):
     return u * s, parts
 
 
-def svd(q, k, v, o, num_kv: int):
-    """Each group's shared K (V) head from the SVD of its stacked members; each member's remainder
-    folded into its query heads (output rows). Float64 in, float64 out."""
+def _weighted_shared_basis(members: np.ndarray, root: np.ndarray, inverse: np.ndarray):
+    """As ``_shared_basis``, the fit measured on the activations: ``root`` = C^{1/2}, ``inverse`` =
+    C^{-1/2} [D, D]; ``C^{1/2} members`` = U S Vt, shared = C^{-1/2} U_H S_H, parts = blocks of Vt_H."""
+    D, G, H = members.shape
+    weighted = np.einsum("ed,dgh->egh", root, members).reshape(D, G * H)  # [D, G*H]
+    u, s, vt = np.linalg.svd(weighted, full_matrices=False)
+    shared = inverse @ (u[:, :H] * s[:H])  # [D, H]
+    parts = vt[:H].reshape(H, G, H).transpose(1, 0, 2)  # [G, H, H]: member m ~ shared @ parts[m]
+    return shared, parts
+
+
+def svd(q, k, v, o, num_kv: int, second_moment: np.ndarray | None = None):
+    """Each group's shared K (V) head from the SVD of its stacked members (with ``second_moment``
+    C [D, D]: of their activations, ``C^{1/2}`` times them); each member's remainder folded into its
+    query heads (output rows). Float64 in, float64 out."""
     D, N, H = q.shape
     K = k.shape[1]
     G = K // num_kv
     if G == 1:  # one member: its best rank-H fit is itself (no change of basis, no rounding)
         return q, k, v, o
+    if second_moment is None:
+        fit = _shared_basis
+    else:
+        root, inverse = weighting(second_moment)
+
+        def fit(members: np.ndarray):
+            return _weighted_shared_basis(members, root, inverse)
+
     q, o = q.copy(), o.copy()
     new_k, new_v = np.empty((D, num_kv, H)), np.empty((D, num_kv, H))
     for j in range(num_kv):
         members = slice(j * G, (j + 1) * G)
-        new_k[:, j], ck = _shared_basis(k[:, members])
-        new_v[:, j], ev = _shared_basis(v[:, members])
+        new_k[:, j], ck = fit(k[:, members])
+        new_v[:, j], ev = fit(v[:, members])
         for g in range(G):
             heads = _query_heads(j * G + g, N, K)
             q[:, heads] = np.einsum("dnh,ih->dni", q[:, heads], ck[g])  # qn Cm^T

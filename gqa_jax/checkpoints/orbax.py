@@ -5,8 +5,8 @@ Layout::
     path/checkpoint.json   {"format": "gqa_jax", "version": 1}, written last
     path/config.json       the ModelConfig (ModelConfig.to_json)
     path/params/           the nnx.Param state as a pure nested dict, saved with orbax
-    path/<extra files>     optional text files (``save(..., extra_files=...)``), e.g. the
-                           ``manifest.json`` of a conversion
+    path/<extra files>     optional files (``save(..., extra_files=...)``), e.g. the
+                           ``manifest.json`` and ``calibration.npz`` of a conversion
 
 Parameters go through ``orbax.checkpoint.StandardCheckpointer`` (the checkpointer Flax's NNX
 guide uses). ``save`` writes into a temporary sibling directory and renames it into place, so
@@ -45,14 +45,14 @@ def save(
     path: str | os.PathLike,
     *,
     overwrite: bool = False,
-    extra_files: dict[str, str] | None = None,
+    extra_files: dict[str, str | bytes] | None = None,
 ) -> epath.Path:
     """Save ``model``'s parameters and config to the directory ``path``; returns its absolute path.
 
     An existing non-empty ``path`` is refused unless ``overwrite=True``, and even then only an
     existing gqa_jax checkpoint is replaced (never an arbitrary directory), after the new one
-    is complete. ``extra_files`` maps plain file names to text written beside the parameters;
-    they land in the same atomic rename as the checkpoint itself.
+    is complete. ``extra_files`` maps plain file names to text (or bytes) written beside the
+    parameters; they land in the same atomic rename as the checkpoint itself.
     """
     path = paths.resolve(path, "checkpoint destination")
     extra_files = dict(extra_files or {})
@@ -84,8 +84,11 @@ def save(
         with ocp.StandardCheckpointer(multiprocessing_options=alone) as checkpointer:
             checkpointer.save(tmp / PARAMS, params)
             checkpointer.wait_until_finished()
-        for name, text in extra_files.items():
-            (tmp / name).write_text(text)
+        for name, content in extra_files.items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                (tmp / name).write_text(content)
         (tmp / MARKER).write_text(json.dumps(FORMAT) + "\n")  # last: the checkpoint is complete
         _move_into_place(tmp, path)
     finally:

@@ -41,7 +41,7 @@ HEARTBEAT_S = 60.0
 STALE_AFTER_S = 600.0
 # What a start may create at the top of a workdir (and so may remove again when it fails).
 STARTED_FILES = frozenset(
-    {"config.json", "model_config.json", "conversion.json", "checkpoints", "tensorboard",
+    {"config.json", "model_config.json", "conversion.json", "calibration.npz", "checkpoints", "tensorboard",
      "metrics.jsonl", "decodes"}
 )  # fmt: skip
 

@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm
 
-from gqa_jax import checkpoints, convert, distributed, metric_writers, metrics, paths, sharding
+from gqa_jax import calibration, checkpoints, convert, distributed, metric_writers, metrics, paths, sharding
 from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig, preset
 from gqa_jax.data import pipeline as pipeline_lib
@@ -83,7 +83,9 @@ def init_model(config: Any, vocab: Any, mesh: Any = None) -> tuple[Any, Optimize
     """The starting model (a ``T5``, or its ``ModelConfig`` when it starts from random weights, so
     a sharded run can create them sharded), the optimizer settings and what was done (uptraining:
     ``info["conversion"]`` is the conversion manifest). On a ``mesh`` of several devices a starting
-    checkpoint is loaded straight into its shardings."""
+    checkpoint is loaded straight into its shardings. A calibrated conversion
+    (``uptrain.calibration_batches``) also returns its statistics file's bytes as
+    ``info["calibration_file"]``."""
     mesh = mesh if mesh is not None and mesh.devices.size > 1 else None
     info: dict[str, Any] = {"recipe": config.recipe}
     opt = config.optimizer
@@ -93,9 +95,22 @@ def init_model(config: Any, vocab: Any, mesh: Any = None) -> tuple[Any, Optimize
         up = config.uptrain
         source, source_cfg, kind = checkpoints.load_any(up.source, mesh=mesh)
         attentions = tuple(up.attentions) if up.attentions else convert.DEFAULT_ATTENTIONS
+        statistics = None
+        if up.calibration_batches:
+            statistics, gathered = calibration.gather(
+                source, attentions=attentions, task=up.calibration_task or config.task,
+                data_dir=config.data_dir or tasks_lib.default_data_dir(), vocab=vocab,
+                batches=up.calibration_batches, batch_size=up.calibration_batch_size,
+                input_length=config.input_length, seed=config.seed,
+            )  # fmt: skip
         params, cfg, manifest = convert.to_grouped(
-            source, source_cfg, up.num_kv_heads, up.method, attentions=attentions, seed=config.seed
-        )
+            source, source_cfg, up.num_kv_heads, up.method, attentions=attentions, seed=config.seed,
+            calibration=statistics,
+        )  # fmt: skip
+        if statistics is not None:
+            manifest["calibration"], info["calibration_file"] = convert.stored_calibration(
+                statistics, manifest["calibration"], gathered
+            )
         manifest["source_path"] = str(up.source)
         cfg = cfg.replace(**checkpoint_overrides(config, cfg, up.source))
         model = model_lib.build(cfg, params)
@@ -159,6 +174,7 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, clai
     mesh = sharding.make_mesh(config.mesh or "1x1")  # one code path: one device is a 1x1 mesh
     model, opt_cfg, info = init_model(config, vocab, mesh)
     manifest = info.pop("conversion", None)
+    calibration_file = info.pop("calibration_file", None)  # bytes
     model_cfg = model if isinstance(model, ModelConfig) else model.config
     if model_cfg.vocab_size < vocab.vocab_size:
         raise ValueError(
@@ -191,6 +207,8 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, clai
         (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
         if manifest is not None:
             (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        if calibration_file is not None:
+            (workdir / convert.CALIBRATION_FILE).write_bytes(calibration_file)
     if total == 0:
         log(f"{workdir}: alpha 0, the converted model is saved without a training step")
     elif start >= total:

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from gqa_jax import convert, sharding
+from gqa_jax import convert, head_merging, sharding
 from gqa_jax.config import DTYPES, REMAT_POLICIES, ModelConfig
 from gqa_jax.data import tasks as tasks_lib
 
@@ -88,6 +88,20 @@ def _check_uptrain(config: Any, task: Any) -> None:
         _fail("uptrain.num_kv_heads", up.num_kv_heads, "an integer >= 1 (1: MQA)")
     if up.method not in convert.METHODS:
         _fail("uptrain.method", up.method, f"one of {', '.join(convert.METHODS)}")
+    batches = up.calibration_batches
+    if not _is_int(batches) or batches < 0:
+        _fail("uptrain.calibration_batches", batches, "an integer >= 0 (0: no calibration)")
+    if not _is_int(up.calibration_batch_size) or up.calibration_batch_size < 1:
+        _fail("uptrain.calibration_batch_size", up.calibration_batch_size, "an integer >= 1")
+    if up.calibration_task is not None and up.calibration_task not in tasks_lib.TASKS:
+        known = ", ".join(tasks_lib.TASKS)
+        _fail("uptrain.calibration_task", up.calibration_task, f"one of {known}, or None for config.task")
+    if batches and up.method not in head_merging.CALIBRATED:
+        raise ValueError(
+            f"config.uptrain.calibration_batches={batches} calibrates method "
+            f"{' or '.join(head_merging.CALIBRATED)} only, not uptrain.method={up.method!r}: choose one of "
+            "those methods or set --config.uptrain.calibration_batches=0"
+        )
     for name, instead in (
         ("num_kv_heads", "uptrain.num_kv_heads"),
         ("grouped_attentions", "uptrain.attentions"),

@@ -5,6 +5,7 @@ Layout:
   config.json          the resolved run config (a restart must match it, see check_workdir)
   model_config.json    the model's ModelConfig
   conversion.json      uptraining: the MHA -> GQA/MQA conversion manifest
+  calibration.npz      uptraining with uptrain.calibration_batches: the conversion's statistics
   metrics.jsonl        one line per logged step (train/...) and per evaluation (eval/...)
   tensorboard/         the same scalars as TensorBoard events
   checkpoints/<step>/  orbax: the TrainState ("state") and the input position ("data")
@@ -55,6 +56,14 @@ RESTART_MAY_CHANGE = frozenset(
         "restart_from_scratch",  # only read when nothing can be resumed
     }
 )
+
+
+# Fields added after runs were written: a stored config without one ran as this value does.
+ADDED_FIELDS = {
+    "uptrain.calibration_batches": 0,
+    "uptrain.calibration_batch_size": 8,
+    "uptrain.calibration_task": None,
+}
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -116,7 +125,7 @@ def check_workdir(workdir: Any, config: Any) -> None:
     holds_work = earlier_work(workdir) or (ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()))
     if not holds_work:
         return
-    stored = _flat(_read_config(stored_file))
+    stored = ADDED_FIELDS | _flat(_read_config(stored_file))
     new = _flat(json.loads(json.dumps(config_dict(config), default=str)))
     diff = sorted(
         k for k in set(stored) | set(new) if stored.get(k) != new.get(k) and k not in RESTART_MAY_CHANGE

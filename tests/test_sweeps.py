@@ -145,6 +145,23 @@ def test_fig4_and_the_mini_take_the_methods_beyond_the_paper():
         load_sweep(REPO / "experiments" / "fig4_conversion.py", ["methods=median"])
 
 
+def test_a_calibrated_method_uptrains_that_method_with_calibration_batches():
+    uptrains = by_stage(dry_run("mini", "scale=quick", "methods=svd,svd-calibrated,grouped-calibrated"))[
+        "uptrain"
+    ]
+    fig4 = {Path(options(a)["workdir"]).name: variant(a) for a in uptrains
+            if Path(options(a)["workdir"]).name.startswith("uptrain_large_mqa_")}  # fmt: skip
+    assert (
+        fig4["uptrain_large_mqa_svd"]["method"] == "svd"
+        and "calibration" not in fig4["uptrain_large_mqa_svd"]
+    )
+    calibrated = fig4["uptrain_large_mqa_svd-calibrated"]
+    assert (calibrated["method"], calibrated["calibration"]) == ("svd", str(paper.CALIBRATION_BATCHES))
+    assert fig4["uptrain_large_mqa_grouped-calibrated"]["method"] == "grouped"
+    assert "svd-calibrated" in paper.conversion_methods("all")
+    assert "grouped-calibrated" not in paper.conversion_methods("all")  # at MQA it is mean pooling
+
+
 def test_fig5_dry_run_covers_alpha_0_005_01_for_mqa_and_gqa8_and_the_mha_reference():
     commands = by_stage(dry_run("fig5_alpha", "t5_xxl=/ck/xxl"))
     converted = {options(a)["num-kv-heads"] for a in commands["convert"]}  # alpha 0: converted only

@@ -49,17 +49,30 @@ FIG4_TASKS = (("cnn_dailymail", "CNN R1", "ROUGE-1"), ("multi_news", "MultiNews 
               ("trivia_qa", "TriviaQA F1", "F1"))  # fmt: skip
 FIG4_METHODS = ("mean", "first", "random")
 # Beyond the paper (gqa_jax.head_merging): the Fig. 4 sweeps take them with --set methods=all.
-FIG4_MORE_METHODS = ("grouped", "aligned", "svd")
+# "<method>-calibrated" is that method calibrated on CALIBRATION_BATCHES batches of the run's task
+# (gqa_jax.calibration; grouped and svd only).
+FIG4_MORE_METHODS = ("grouped", "aligned", "svd", "svd-calibrated")
+CALIBRATED = "-calibrated"
+CALIBRATION_BATCHES = 4
+
+
+def method_fields(name: str) -> tuple[str, int]:
+    """A Fig. 4 method name as ``(convert method, calibration batches)``: ``svd-calibrated`` ->
+    ``("svd", CALIBRATION_BATCHES)``, ``mean`` -> ``("mean", 0)``."""
+    if name.endswith(CALIBRATED):
+        return name[: -len(CALIBRATED)], CALIBRATION_BATCHES
+    return name, 0
 
 
 def conversion_methods(value: str) -> tuple[str, ...]:
     """A Fig. 4 sweep's ``methods`` parameter: ``paper`` (mean, first, random), ``all`` (those and
-    grouped, aligned, svd) or a comma-separated list of them."""
-    known = FIG4_METHODS + FIG4_MORE_METHODS
+    grouped, aligned, svd, svd-calibrated) or a comma-separated list of them (also
+    ``grouped-calibrated``)."""
+    known = FIG4_METHODS + FIG4_MORE_METHODS + ("grouped" + CALIBRATED,)
     if value == "paper":
         return FIG4_METHODS
     if value == "all":
-        return known
+        return FIG4_METHODS + FIG4_MORE_METHODS
     chosen = tuple(m.strip() for m in str(value).split(",") if m.strip())
     unknown = [m for m in chosen if m not in known]
     if unknown or not chosen:

@@ -28,9 +28,12 @@ def uptrain(
     tags: dict[str, Any] | None = None,
     **fields: Any,
 ) -> Run:
-    """Convert ``source`` (MHA) to ``kv`` K/V heads by ``method`` and continue pre-training for
+    """Convert ``source`` (MHA) to ``kv`` K/V heads by ``method`` (``svd-calibrated``: svd on
+    calibration batches, ``paper.method_fields``) and continue pre-training for
     ``round(alpha x original_steps)`` steps of span corruption (T5's recipe)."""
+    method, batches = paper.method_fields(method)
     variant = f"source={source},kv={kv},method={method},alpha={alpha},original_steps={original_steps}"
+    variant += f",calibration={batches}" if batches else ""
     args = {"config": paper.config("uptrain", variant), **paper.UPTRAIN, "seed": seed,
             **_data(params), **fields}  # fmt: skip
     return Run(name, "uptrain", args, deps, tags or {})

@@ -217,20 +217,13 @@ def _add_cache_args(sub: Any) -> None:
         "scores and their paired per-example difference (Markdown on stdout, progress on stderr).",
     )
     c.add_argument("--model", required=True, help="a gqa_jax checkpoint (e.g. RUN/best_model), HF or T5X")
-    c.add_argument("--task", required=True, help="a scored task (python -m gqa_jax data tasks)")
-    c.add_argument("--split", default="validation", help="the split (default: %(default)s)")
+    options.add_task_examples(c)
     c.add_argument(
         "--examples", type=options.positive_int, default=64, help="the first N examples (default: 64)"
     )
     c.add_argument(
         "--batch-size", type=options.positive_int, default=32, help="rows per decode (default: 32)"
     )
-    c.add_argument("--data-dir", default=None, help="TFDS data dir (default: $GQA_JAX_DATA_DIR, ...)")
-    c.add_argument(
-        "--vocab", default=None, help="SentencePiece model (default for stdlib tasks: the suite's)"
-    )
-    c.add_argument("--input-length", type=options.positive_int, default=None, help="default: the task's")
-    c.add_argument("--target-length", type=options.positive_int, default=None, help="default: the task's")
     c.add_argument(
         "--cache-dtypes",
         default="int8",

@@ -16,20 +16,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         required=True,
         help="a gqa_jax checkpoint (e.g. RUN/best_model), HF T5 directory or T5X checkpoint_N",
     )
-    p.add_argument("--task", required=True, help="a task name (python -m gqa_jax data tasks)")
-    p.add_argument("--split", default="validation", help="the split (default: %(default)s, as the paper)")
+    options.add_task_examples(p, split_help="the split (default: %(default)s, as the paper)")
     p.add_argument(
         "--examples", type=options.positive_int, default=None, help="the first N examples (default: all)"
     )
     p.add_argument(
         "--batch-size", type=options.positive_int, default=32, help="rows per decode (default: 32)"
     )
-    p.add_argument("--data-dir", default=None, help="TFDS data dir (default: $GQA_JAX_DATA_DIR, ...)")
-    p.add_argument(
-        "--vocab", default=None, help="SentencePiece model (default for stdlib tasks: the suite's)"
-    )
-    p.add_argument("--input-length", type=options.positive_int, default=None, help="default: the task's")
-    p.add_argument("--target-length", type=options.positive_int, default=None, help="default: the task's")
     options.add_cache_dtype(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing results.json")
 

@@ -1,6 +1,7 @@
 """What several commands share, declared once: the parser class (an error is one line), the
 positive-integer type, comma-separated lists, the options ``--batch``, ``--input-len``,
-``--output-len``, ``--dtype``, ``--cache-dtype``, ``--seed``, ``--json``, and writing ``--json``'s file.
+``--output-len``, ``--dtype``, ``--cache-dtype``, a task's examples (``--task``, ...), ``--seed``,
+``--json``, and writing ``--json``'s file.
 
 Each ``add_*`` takes the command's own default and help text (``%(default)s`` is filled in by
 argparse); the option's name, type and metavar live here only.
@@ -70,6 +71,21 @@ def add_cache_dtype(p: argparse.ArgumentParser) -> None:
         help="the KV cache's dtype: int8 / fp8 store 1-byte elements and a float32 scale per token and "
         "K/V head (default: the model's dtype)",
     )
+
+
+def add_task_examples(
+    p: argparse.ArgumentParser, *, split_help: str = "the split (default: %(default)s)"
+) -> None:
+    """A scored task's examples: ``--task``, ``--split``, ``--data-dir``, ``--vocab``,
+    ``--input-length`` and ``--target-length`` (the evaluation's pipeline)."""
+    p.add_argument("--task", required=True, help="a task name (python -m gqa_jax data tasks)")
+    p.add_argument("--split", default="validation", help=split_help)
+    p.add_argument("--data-dir", default=None, help="TFDS data dir (default: $GQA_JAX_DATA_DIR, ...)")
+    p.add_argument(
+        "--vocab", default=None, help="SentencePiece model (default for stdlib tasks: the suite's)"
+    )
+    p.add_argument("--input-length", type=positive_int, default=None, help="default: the task's")
+    p.add_argument("--target-length", type=positive_int, default=None, help="default: the task's")
 
 
 def add_seed(

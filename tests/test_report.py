@@ -541,18 +541,21 @@ def test_fig4_ranks_the_methods_per_column_against_mean_with_the_seeds_spread():
         "svd": [S({0: 4.8, 1: 4.8}, 2), S({0: 4.68, 1: 4.70}, 2)],  # beyond the spread
         "first": [S({0: 6.3, 1: 6.3}, 2), S({0: 4.82, 1: 4.90}, 2)],  # within it
         "random": [S({0: 8.4}, 2), S({}, 2)],  # one seed; missing
+        "grouped": [S({0: 6.0000000001, 1: 6.0000000001}, 2), S({0: 4.80, 1: 4.86}, 2)],  # = mean
     }
     ranking = stats.rank_methods(bars, ["converted", "uptrained"], lower_is_better=True)
     converted, uptrained = ranking["converted"], ranking["uptrained"]
     assert [(m, v) for m, _, v in converted] == [
         ("svd", "better (every seed the same: no spread)"),
         ("mean", "baseline"),
+        ("grouped", "equal"),
         ("first", "worse (every seed the same: no spread)"),
         ("random", "worse (one seed: no spread)"),
     ]
     assert [(m, v) for m, _, v in uptrained] == [
         ("svd", "better, beyond the spread"),
         ("mean", "baseline"),
+        ("grouped", "equal"),
         ("first", "worse, within the spread"),
         ("random", "missing"),
     ]

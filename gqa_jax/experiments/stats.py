@@ -26,6 +26,11 @@ class Stat:
         return self.mean is None
 
 
+# Two means this close are the same number (float32 rounding: grouped at one group is mean pooling,
+# its dev loss 6.08469950 against 6.08469951).
+EQUAL_RTOL = 1e-6
+
+
 def stat(values: Mapping[Any, float], expected: int) -> Stat:
     """Mean and sample std (None under two values) of ``values`` (seed -> value)."""
     xs = list(values.values())
@@ -81,7 +86,7 @@ def _versus(st: Stat, base: Stat, lower_is_better: bool, baseline: str) -> str:
     if base.missing:
         return f"no {baseline} to compare with"
     diff = st.mean - base.mean
-    if diff == 0:
+    if abs(diff) <= EQUAL_RTOL * max(abs(st.mean), abs(base.mean)):
         return "equal"
     side = "better" if (diff < 0) == lower_is_better else "worse"
     if st.n < 2 or base.n < 2:

@@ -143,7 +143,7 @@ def fig4_section(data: Mapping[str, Any], files: Mapping[str, str]) -> list[str]
 
 
 def _ranking(data: Mapping[str, Any], kind: str) -> list[str]:
-    """Fig. 4's methods ranked per column, each against mean pooling (``report.rank_methods``)."""
+    """Fig. 4's methods ranked per column, each against mean pooling (``stats.rank_methods``)."""
     ranking = data.get("ranking") or {}
     if len(data["bars"]) < 2 or "mean" not in data["bars"]:
         return []

@@ -210,7 +210,7 @@ def fig5(data: Mapping[str, Any], path: Path) -> Path:
 def fig6(data: Mapping[str, Any], path: Path) -> Path:
     fig, (ax,) = _new()
     groups = data["groups"]
-    lines = data.get("lines") or {"float": data["times"]}
+    lines = data["lines"]  # one line per KV cache (report.fig6)
     drawn = 0
     for i, (cache, line) in enumerate(lines.items()):
         pts = [(g, s) for g, s in zip(groups, line, strict=True) if _present(s)]

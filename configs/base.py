@@ -7,9 +7,8 @@ file by its path next to theirs, so any working directory works).
         --config.batch_size=16 --config.input_length=128
 
 On its own it is configs/pretrain.py without a variant (tiny preset, span corruption on
-``stdlib_span``), so that command is README's measured pre-training run: about 4.5 minutes on 2
-CPU cores (other jobs alongside), train loss 8.44 at step 10, dev loss 5.43 at step 100 and 4.85
-at step 400.
+``stdlib_span``), so that command is the measured pre-training run: its runtime and losses are in
+docs/training.md ("Measured pre-training and fine-tuning").
 
 Fields (override any with ``--config.FIELD=VALUE`` or ``--config.FIELD VALUE``; a field that
 defaults to None is a typed placeholder and takes only a value of its type):
@@ -33,11 +32,11 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       from a checkpoint only dropout_rate, dtype, remat and scan_layers apply
                       (num_kv_heads, grouped_attentions, param_dtype must equal the checkpoint's)
     optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
-    uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (mean|first|random|
-                      grouped|aligned|svd: docs/checkpoints.md),
+    uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (a name of
+                      gqa_jax.conversion.names(): mean, the paper's, and more; docs/checkpoints.md),
                       attentions (tuple), alpha, original_steps, source_step (int: schedule offset;
                       default original_steps): the run trains round(alpha x original_steps) steps;
-                      calibration_batches (grouped and svd: compare / fit heads by their activations
+                      calibration_batches (a method that calibrates: compare / fit heads by their activations
                       on that many batches of calibration_batch_size rows of calibration_task (str;
                       default: task), at input_length, shuffled by seed; 0: by weights alone)
     batch_size        global rows per step; num_microbatches splits it for gradient accumulation

@@ -4,10 +4,9 @@
     python -m gqa_jax train --config configs/pretrain.py --workdir runs/pt \\
         --config.num_train_steps=400 --config.batch_size=16 --config.input_length=128
 
-That is README's measured run: the tiny preset on ``stdlib_span``, 400 steps of batch 16 at 128
-input tokens, about 4.5 minutes on 2 CPU cores (other jobs alongside); train loss 8.44 at step
-10, dev loss 5.43 at step 100 and 4.85 at step 400. Its ``runs/pt/model`` is what
-configs/uptrain.py and configs/finetune.py start from.
+That is the measured run (the tiny preset on ``stdlib_span``, 400 steps of batch 16 at 128 input
+tokens; its runtime and losses: docs/training.md, "Measured pre-training and fine-tuning"). Its
+``runs/pt/model`` is what configs/uptrain.py and configs/finetune.py start from.
 
 Defaults (without the overrides: no measured numbers): the tiny preset on the embedded
 ``stdlib_span`` corpus, 1000 steps of batch 32 packed rows at the task's lengths, Adafactor with

@@ -3,19 +3,19 @@
     python -m gqa_jax train --config configs/uptrain.py:source=runs/pt/model,kv=1,original_steps=400 \\
         --workdir runs/up_mqa --config.batch_size=16 --config.input_length=128
 
-The paper's recipe (section 2.1): mean-pool each group's K and V heads (``method``: mean, first
-or random; beyond the paper grouped, aligned or svd, docs/checkpoints.md), then train
+The paper's recipe (section 2.1): mean-pool each group's K and V heads (``method``: mean; the
+other methods of ``gqa_jax.conversion``: docs/checkpoints.md), then train
 ``round(alpha x original_steps)`` steps of the original pre-training (span corruption, same
-schedule continued from the source's step). From configs/pretrain.py's
-measured 400-step run (``runs/pt``), that command trains alpha 0.05 of 400 = 20 steps (``kv=2``:
-GQA-2); the fixed demo that preceded the mini ran exactly this stage (its measurements:
+schedule continued from the source's step). From configs/pretrain.py's 400-step run
+(``runs/pt``), that command trains alpha 0.05 of 400 = 20 steps (``kv=2``: GQA-2; measured:
 docs/training.md). ``alpha=0`` trains no step: the conversion is saved as ``model/`` and, with
 ``--config.eval_at_start=True``, scored on dev (the mini's Fig. 5 at alpha 0).
 
-Variant keys: ``source`` (a gqa_jax checkpoint, HF T5 directory or T5X checkpoint_N), ``kv`` (K/V heads,
-1 = MQA), ``method``, ``alpha`` (paper: 0.05; 0: convert only), ``original_steps`` (the source's pre-training
-steps; default 1000), ``task``, ``calibration`` (grouped and svd: batches of the task that calibrate the
-conversion; default 0, none). The fields and their defaults: configs/base.py.
+Variant keys: ``source`` (a gqa_jax checkpoint, HF T5 directory or T5X checkpoint_N), ``kv`` (K/V
+heads, 1 = MQA), ``method``, ``alpha`` (paper: 0.05; 0: convert only), ``original_steps`` (the
+source's pre-training steps; default 1000), ``task``, ``calibration`` (a method that calibrates:
+batches of the task that calibrate the conversion; default 0, none). The fields and their defaults:
+configs/base.py.
 """
 
 from pathlib import Path

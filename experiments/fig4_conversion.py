@@ -8,9 +8,9 @@ Multi-News and TriviaQA (dev sets).
 
 Expected runtime: three Large uptrainings (50k steps each) and nine fine-tunings: TPU-pod scale.
 The paper's finding: Mean > First > Random (it plots the bars; it prints no numbers).
-``--set methods=all`` adds the conversions beyond the paper (grouped, aligned, svd, and svd
-calibrated on 4 batches of the uptraining task: docs/checkpoints.md) as four more uptrainings with
-their fine-tunings, beside the paper's three.
+``--set methods=all`` adds every other method of ``gqa_jax.conversion`` and the calibrated variant
+of each that calibrates (calibrated on 4 batches of the uptraining task: docs/checkpoints.md), each
+one more uptraining with its fine-tunings, beside the paper's three.
 """
 
 from gqa_jax.experiments import paper
@@ -24,7 +24,7 @@ PARAMS = {
     "finetune_steps": paper.FINETUNE_STEPS,
     "eval_every": paper.EVAL_EVERY,
     "seeds": 1,
-    "methods": "paper",  # mean, first, random; "all" adds grouped, aligned, svd, svd-calibrated
+    "methods": "paper",  # mean, first, random; "all": every method and calibrated variant; or a list
 }
 
 

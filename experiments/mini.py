@@ -16,8 +16,9 @@ greedy decoding is timed at each set of the tasks' lengths. The figures:
 - Fig. 3 from Table 1;
 - Fig. 4: the Large role -> MQA by mean / first / random, uptrained at alpha 0.05, scored on a
   proxy: the dev span-corruption loss right after the conversion and after uptraining (lower is
-  better); ``--set methods=all`` adds grouped, aligned, svd and svd-calibrated (beyond the
-  paper, docs/checkpoints.md), ``--set fig4_seeds=3`` three uptraining seeds of each;
+  better); ``--set methods=all`` adds every other method of ``gqa_jax.conversion`` and the
+  calibrated variants (beyond the paper, docs/checkpoints.md), ``--set fig4_seeds=3`` three
+  uptraining seeds of each;
 - Fig. 5: the XXL role's MQA and GQA at alpha 0 (converted, no step), 0.05 and 0.1, on the same
   proxy, with the MHA XXL role's pre-training dev loss as the reference line;
 - Fig. 6: time per sample against the number of groups (1, 2, 4, 8) at the XXL role's shape on
@@ -45,8 +46,8 @@ from gqa_jax.experiments import paper
 from gqa_jax.experiments import runs as R
 from gqa_jax.experiments.sweep import Run, Sweep
 
-# methods: Fig. 4's conversions, "paper" (mean, first, random) or "all" (+ grouped, aligned, svd,
-# svd-calibrated: paper.method_fields);
+# methods: Fig. 4's conversions, "paper" (mean, first, random), "all" (every method of the registry and
+# its calibrated variants) or a list (paper.conversion_methods);
 # fig4_seeds: uptraining seeds of each (their spread is in the report); caches: Fig. 6's KV caches
 # (paper.fig6_caches; None: the scale's)
 PARAMS = {"scale": "default", "data_dir": None, "vocab": None, "methods": "paper", "fig4_seeds": 1,

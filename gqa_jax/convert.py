@@ -5,25 +5,15 @@ Letters: ``D`` d_model, ``N`` query heads, ``K`` source K/V heads, ``K'`` target
 
 For each converted ("grouped") attention, target K/V head ``j`` is built from the source K/V
 heads ``j * G', ..., j * G' + G' - 1`` (contiguous, as in the paper; for an MHA source these
-are also the query heads ``n`` with ``n // (N // K') == j``):
-
-- ``mean``: their mean (the paper's method, section 2.1);
-- ``first``: source head ``j * G'``;
-- ``random``: a fresh draw from the model's K/V initializer (``fan_in_init(D)``), keyed by the
-  seed and the parameter's path, so the same seed always gives the same parameters;
-- ``grouped``, ``aligned``, ``svd`` (``gqa_jax.head_merging``, beyond the paper): groups chosen by
-  similarity, heads rotated onto their group's first before the mean, the group's best rank-H
-  fit; they also rewrite the query and output projections (and, for ``grouped`` self-attention,
-  the stack's relative position bias), whole layers at a time. ``grouped`` and ``svd`` can be
-  calibrated: given the second moment ``C`` [D, D] of each converted layer's K/V input
-  (``gqa_jax.calibration`` gathers it on a few batches of data), they weigh heads by their
-  activations instead of their weights.
-
-Everything else (for the paper's three methods: query and output projections, norms, MLPs,
-embeddings, relative position biases, attentions not converted) is copied unchanged. Arithmetic
-is float32 (float64 for the other three) whatever the stored dtype; results are cast back to the
-stored dtype. Because the group of a source head is
-contiguous, conversions chain: MHA -> GQA-4 -> MQA by ``mean`` is MHA -> MQA up to rounding.
+are also the query heads ``n`` with ``n // (N // K') == j``) by a method of the registry
+``gqa_jax.conversion`` (``mean``, the paper's; ``first``, ``random``; and beyond the paper, methods
+that choose the groups, rotate or fit the heads and rewrite the query and output projections to
+match; some can be calibrated on the second moments of each layer's K/V input, which
+``gqa_jax.calibration`` gathers from data). A method converts one attention kind at a time, all
+its layers; everything it does not rewrite is copied unchanged (the very same arrays), each
+method computing in its own dtype (float32 for the paper's three, float64 for the others) and its
+results cast back to the stored dtype. Because the group of a source head is contiguous,
+conversions chain: MHA -> GQA-4 -> MQA by ``mean`` is MHA -> MQA up to rounding.
 
 Which attentions are grouped in the target config (``ModelConfig`` has ONE ``num_kv_heads``
 for all grouped attentions) -- the rule :func:`target_config` implements:
@@ -62,14 +52,12 @@ from flax import nnx
 from flax.nnx import traversals
 from jax.sharding import NamedSharding
 
-from gqa_jax import __version__, calibration_stats, checkpoints, head_merging, paths, sharding
+from gqa_jax import __version__, calibration_stats, checkpoints, conversion, paths, sharding
 from gqa_jax.calibration_stats import Statistics
 from gqa_jax.config import ATTENTION_KINDS, ModelConfig
-from gqa_jax.layers import fan_in_init
 from gqa_jax.log import log
 from gqa_jax.model import T5, FlatParams, Path_, build, check_params, dotted, flat_params
 
-METHODS = ("mean", "first", "random", *head_merging.MERGES)
 DEFAULT_ATTENTIONS = ("decoder_self", "cross")  # the paper's (section 3.1)
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = {"format": "gqa_jax.convert", "version": 1}
@@ -99,10 +87,10 @@ def to_grouped(
         nested dict (``nnx.to_pure_dict``); its shapes must match ``config``.
       config: the source config.
       num_kv_heads: ``K'``; it must divide the source K/V heads of every converted attention.
-      method: one of ``METHODS``.
+      method: a name in ``gqa_jax.conversion.names()``.
       attentions: attention kinds to convert (default: decoder self- and cross-attention).
-      seed: used by ``random`` only.
-      calibration: ``grouped`` and ``svd`` only: second moments of every converted attention's
+      seed: the PRNG seed of a method that draws (``random``).
+      calibration: for a method that ``calibrates`` only: second moments of every converted attention's
         K/V input (``Statistics``; ``gqa_jax.calibration.gather``); None: by weights alone.
     Returns:
       ``(params, config, manifest)``: the new parameters as a pure nested dict (load them with
@@ -110,10 +98,9 @@ def to_grouped(
       (method, seed, configs, group map, content hashes of the source, the calibration statistics
       and the result).
     """
-    if method not in METHODS:
-        raise ValueError(f"to_grouped: unknown method={method!r}; known: {list(METHODS)}")
+    conversion.get(method)  # a ValueError naming the known methods
     if calibration is not None:
-        check_calibrated_method(method)
+        conversion.check_calibrates(method)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
         # jax.random.key folds other integers onto these (key(-1) == key(2**32 - 1)).
         raise ValueError(f"to_grouped: seed={seed!r} must be an integer in [0, 2**32)")
@@ -126,38 +113,18 @@ def to_grouped(
         moments = calibration_stats.check_statistics(calibration, config, attentions)
         calibrated = {"statistics_sha256": calibration_stats.statistics_hash(calibration)}
 
-    K2 = num_kv_heads
-    params: FlatParams = {}
-    orders = None
-    if method in head_merging.MERGES:  # whole layers at a time (they rewrite the queries too)
-        params, orders = _merge_layers(source, config, K2, method, attentions, moments)
-    for path, value in source.items():
-        if path in params:  # written by _merge_layers
-            continue
-        kind = _attention_kind(path)
-        if kind not in attentions or path[-1] not in ("key", "value"):
-            params[path] = jnp.asarray(value)  # unchanged (the very same jax.Array)
-            continue
-        w = np.asarray(value)  # [D, K, H], stored dtype
-        D, K, H = w.shape
-        G2 = K // K2  # source K/V heads per target head
-        w32 = w.astype(np.float32).reshape(D, K2, G2, H)  # [D, K', G', H]: target head j, member g
-        if method == "mean":
-            new = w32.mean(axis=2)  # [D, K', H]
-        elif method == "first":
-            new = w32[:, :, 0, :]  # [D, K', H]: source head j * G'
-        else:
-            new = np.asarray(fan_in_init(D)(_path_key(seed, path), (D, K2, H), jnp.float32))
-        params[path] = _place_like(value, path, new.astype(w.dtype))
+    params, orders = _convert_stacks(source, config, num_kv_heads, conversion.get(method), attentions,
+                                     moments, seed)  # fmt: skip
+    params |= {path: jnp.asarray(value) for path, value in source.items() if path not in params}  # unchanged
 
     manifest = {
         "method": method,
-        "seed": seed if method == "random" else None,
-        "num_kv_heads": K2,
+        "seed": seed if conversion.get(method).seeded else None,
+        "num_kv_heads": num_kv_heads,
         "attentions": list(attentions),
         "source_config": config.to_dict(),
         "target_config": new_config.to_dict(),
-        "groups": group_map(config, K2, attentions, orders),
+        "groups": group_map(config, num_kv_heads, attentions, orders),
         "source_params_sha256": _hash(source),
         "calibration": calibrated,
         "target_params_sha256": _hash(params),
@@ -223,68 +190,52 @@ def group_map(
     return out
 
 
-def _merge_layers(
+def _convert_stacks(
     source: FlatParams,
     config: ModelConfig,
-    K2: int,
-    method: str,
+    num_kv_heads: int,
+    method: conversion.Method,
     attentions: tuple[str, ...],
     moments: dict[str, np.ndarray] | None,
+    seed: int,
 ) -> tuple[FlatParams, dict[str, list[list[int]]] | None]:
-    """The ``head_merging`` methods, layer by layer: the new q / k / v / o of every converted
-    attention (and, for ``grouped`` self-attention, its stack's relative position bias, whose
-    columns follow the query heads; one head order for the whole stack, since the layers share
-    that bias), plus the head orders (``grouped``) per attention and layer. ``moments``: the
-    checked calibration statistics, or None."""
+    """``method`` applied to every converted attention, one stack (all the layers of a kind) at a
+    time: the parameters it rewrote (cast back to their stored dtype and placed like the source's),
+    and the head orders per attention and layer of a method that reorders heads (else None). A
+    permuted self-attention stack's relative position bias gets its columns in the new query order.
+    ``moments``: the checked calibration statistics, or None."""
     out: FlatParams = {}
     orders: dict[str, list[list[int]]] = {}
     for kind in attentions:
         stack, module = _LOCATIONS[kind]
-        layers = config.num_encoder_layers if stack == "encoder" else config.num_decoder_layers
-        names = ("query", "key", "value", "out")
-        paths = [[(stack, "layers", i, module, n) for n in names] for i in range(layers)]
-        arrays = [[np.asarray(source[p], np.float64) for p in row] for row in paths]
-        K = arrays[0][1].shape[1]
+        count = config.num_encoder_layers if stack == "encoder" else config.num_decoder_layers
+        paths = [{n: (stack, "layers", i, module, n) for n in method.reads} for i in range(count)]
         if moments is None:
-            c = [None] * layers  # by weights alone
+            c = (None,) * count  # by weights alone
         elif kind == "cross":
-            c = [moments[kind][0]] * layers  # one encoder output is every layer's K/V input
+            c = (moments[kind][0],) * count  # one encoder output is every layer's K/V input
         else:
-            c = list(moments[kind])  # [D, D] per layer
-        if method == "grouped":
-            feats = [head_merging.head_features(k, v, c[i]) for i, (_, k, v, _) in enumerate(arrays)]
-            if kind == "cross":  # no position bias: each layer its own groups
-                order = [head_merging.similar_groups(f, K // K2) for f in feats]
-            else:  # the stack's bias follows the query heads: one order for every layer
-                order = [head_merging.similar_groups(np.concatenate(feats, axis=1), K // K2)] * layers
-            orders[kind] = order
-        for i, (q, k, v, o) in enumerate(arrays):
-            if method == "grouped":
-                q, k, v, o, query_order = head_merging.permute(q, k, v, o, order[i])
-                k, v = head_merging.mean_pool(k, K2), head_merging.mean_pool(v, K2)
-            elif method == "svd":
-                q, k, v, o = head_merging.svd(q, k, v, o, K2, c[i])
-            else:
-                q, k, v, o = getattr(head_merging, method)(q, k, v, o, K2)
-            for path, new in zip(paths[i], (q, k, v, o), strict=True):
+            c = tuple(moments[kind])  # [D, D] per layer
+        merged = method.merge(conversion.Stack(
+            kind=kind,
+            layers=tuple({n: np.asarray(source[p], method.dtype) for n, p in row.items()} for row in paths),
+            num_kv_heads=num_kv_heads,
+            second_moments=c,
+            path_key=lambda i, name, at=(stack, module): _path_key(seed, (at[0], "layers", i, at[1], name)),
+        ))  # fmt: skip
+        for i, row in enumerate(merged.layers):
+            for name, new in row.items():
+                path = (stack, "layers", i, module, name)
                 out[path] = _place_like(source[path], path, new.astype(np.asarray(source[path]).dtype))
-        if method == "grouped" and kind != "cross":
+        if merged.query_order is not None:  # the stack's bias columns follow its query heads
             bias = (stack, "relpos", "embedding")
-            table = np.asarray(source[bias])  # [buckets, N]
-            out[bias] = _place_like(source[bias], bias, table[:, query_order])
-    return out, (orders if method == "grouped" else None)
+            out[bias] = _place_like(source[bias], bias, np.asarray(source[bias])[:, merged.query_order])
+        if merged.head_orders is not None:
+            orders[kind] = merged.head_orders
+    return out, (orders or None)
 
 
 # ------------------------------------------------------------------------ calibration statistics
-def check_calibrated_method(method: str) -> None:
-    """A ValueError unless ``method`` can use calibration statistics (``head_merging.CALIBRATED``)."""
-    if method not in head_merging.CALIBRATED:
-        raise ValueError(
-            f"calibration is used by method {' and '.join(head_merging.CALIBRATED)} only, not "
-            f"method={method!r}: choose one of those methods or drop the calibration"
-        )
-
-
 def stored_calibration(
     statistics: Statistics, calibrated: dict[str, Any], gathered: dict[str, Any]
 ) -> tuple[dict[str, Any], bytes]:
@@ -336,7 +287,7 @@ def convert_checkpoint(
     ``calibration`` holds the record and the file's sha256. Returns ``(dst, manifest)``.
     """
     if calibrate is not None:
-        check_calibrated_method(method)  # before anything is loaded or gathered
+        conversion.check_calibrates(method)  # before anything is loaded or gathered
     src_path, dst_path = paths.resolve(src, "source"), paths.resolve(dst, "destination")
     src_path, dst_path = (p if paths.is_remote(p) else p.resolve() for p in (src_path, dst_path))
     if src_path == dst_path or src_path in dst_path.parents or dst_path in src_path.parents:
@@ -459,15 +410,6 @@ def normalize_attentions(attentions: tuple[str, ...] | list[str]) -> tuple[str, 
     if not attentions:
         raise ValueError(f"attentions is empty: name at least one of {list(ATTENTION_KINDS)}")
     return tuple(k for k in ATTENTION_KINDS if k in attentions)  # canonical order, no repeats
-
-
-def _attention_kind(path: Path_) -> str | None:
-    """The attention kind whose projection ``path`` is, e.g. ("decoder", "layers", 0, "cross_attn", "key")."""
-    if len(path) == 5 and path[1] == "layers":
-        for kind, (stack, module) in _LOCATIONS.items():
-            if path[0] == stack and path[3] == module:
-                return kind
-    return None
 
 
 def _path_key(seed: int, path: Path_) -> jax.Array:

@@ -13,9 +13,10 @@ from flax import nnx
 from test_convert import convert_cli, logits, make_model
 from test_training import tiny_config
 
-from gqa_jax import calibration, checkpoints, head_merging, training
+from gqa_jax import calibration, checkpoints, conversion, training
 from gqa_jax.calibration_stats import expected_shape, read_statistics, statistics_bytes
 from gqa_jax.config import ATTENTION_KINDS, preset
+from gqa_jax.conversion import grouped, svd
 from gqa_jax.convert import CALIBRATION_FILE, check_conversion, convert_checkpoint, to_grouped
 from gqa_jax.data import stdlib_extract
 from gqa_jax.data.pipeline import shift_right
@@ -115,7 +116,7 @@ def test_gather_is_deterministic_per_seed(vocab_model, suite_data, small_vocab):
 
 
 # ---------------------------------------------------------------------------------- exactness
-@pytest.mark.parametrize("method", head_merging.CALIBRATED)
+@pytest.mark.parametrize("method", conversion.calibrated())
 def test_identity_weighting_is_the_uncalibrated_method(mha4, method):
     identity = {k: np.broadcast_to(np.eye(32), expected_shape(mha4.config, k)).copy() for k in EVERYTHING}
     plain, config, _ = to_grouped(mha4, mha4.config, 2, method, attentions=EVERYTHING)
@@ -128,7 +129,7 @@ def test_identity_weighting_is_the_uncalibrated_method(mha4, method):
     assert manifest["calibration"]["statistics_sha256"]
 
 
-@pytest.mark.parametrize("method", head_merging.CALIBRATED)
+@pytest.mark.parametrize("method", conversion.calibrated())
 def test_calibrated_k_equals_n_returns_the_source(mha4, method):
     calibration_ = random_moments(mha4.config)
     params, config, _ = to_grouped(
@@ -166,8 +167,8 @@ def test_calibrated_svd_fits_the_activations_where_the_inputs_live():
         q, k, v = (rng.normal(size=(D, N, H)) / np.sqrt(D) for _ in range(3))
         layer = (q, k, v, rng.normal(size=(N, H, D)) / np.sqrt(N * H))
         held_out = x[1000:1300]
-        plain = relative_errors(held_out, layer, head_merging.svd(*layer, 1))
-        weighted = relative_errors(held_out, layer, head_merging.svd(*layer, 1, c))
+        plain = relative_errors(held_out, layer, svd.fit(*layer, 1))
+        weighted = relative_errors(held_out, layer, svd.fit(*layer, 1, c))
         # measured (seed 0): r = 6: 1.4e-7 against 0.59 (logits); r = 12: 0.61 and 0.58 of the unweighted
         assert (plain > 0.3).all() and (weighted < bound * plain).all(), (r, plain, weighted)
 
@@ -186,8 +187,8 @@ def test_calibrated_grouped_pairs_heads_that_differ_only_where_no_input_goes():
         return np.stack([a + big, b + big, a - big, reads(seen) + reads(unseen)], axis=1)
 
     k, v = heads(), heads()
-    assert head_merging.similar_groups(head_merging.head_features(k, v), 2) == [0, 1, 2, 3]
-    assert head_merging.similar_groups(head_merging.head_features(k, v, c), 2) == [0, 2, 1, 3]
+    assert grouped.similar_groups(grouped.head_features(k, v), 2) == [0, 1, 2, 3]
+    assert grouped.similar_groups(grouped.head_features(k, v, c), 2) == [0, 2, 1, 3]
 
 
 # -------------------------------------------------------------------- manifest and stored file

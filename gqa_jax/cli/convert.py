@@ -10,8 +10,8 @@ import sys
 from gqa_jax.cli import options
 
 HELP = (
-    "MHA -> GQA / MQA checkpoint conversion (mean, first, random, grouped, aligned, svd; grouped and svd "
-    "optionally calibrated on data) with a manifest; or --check DST"
+    "MHA -> GQA / MQA checkpoint conversion (mean pooling, the paper's, or another method of "
+    "gqa_jax.conversion) with a manifest; or --check DST"
 )
 # Options that only apply to a calibrated conversion (given only with --calibration-batches).
 CALIBRATION_OPTIONS = ("calibration_task", "calibration_batch_size", "calibration_input_length", "data_dir",
@@ -19,10 +19,10 @@ CALIBRATION_OPTIONS = ("calibration_task", "calibration_batch_size", "calibratio
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    from gqa_jax import conversion
     from gqa_jax.calibration import DEFAULT_BATCH_SIZE, DEFAULT_TASK
     from gqa_jax.config import ATTENTION_KINDS
-    from gqa_jax.convert import DEFAULT_ATTENTIONS, METHODS
-    from gqa_jax.head_merging import CALIBRATED
+    from gqa_jax.convert import DEFAULT_ATTENTIONS
 
     p.add_argument(
         "--src",
@@ -37,10 +37,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--method",
-        choices=METHODS,
-        help="new K/V head per group: mean (the paper's), first, random; grouped (groups by similarity), "
-        "aligned (rotated onto the group's first head), svd (the group's best rank-H fit); "
-        "docs/checkpoints.md",
+        choices=conversion.names(),
+        help="new K/V head per group: "
+        + "; ".join(f"{m.name}: {m.summary}" for m in conversion.METHODS)
+        + " (docs/checkpoints.md)",
     )
     p.add_argument(
         "--attentions",
@@ -56,8 +56,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--calibration-batches",
         type=options.positive_int,
         metavar="N",
-        help=f"calibrate --method {' or '.join(CALIBRATED)} on N batches of data: heads are compared "
-        "(grouped) and fitted (svd) by their activations on those tokens, not by their weights; the "
+        help=f"calibrate --method {' or '.join(conversion.calibrated())} on N batches of data: heads are "
+        "compared or fitted by their activations on those tokens, not by their weights; the "
         "statistics are stored in DST/calibration.npz (default: no calibration)",
     )
     p.add_argument(

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gqa_jax import conversion
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 
@@ -47,32 +49,28 @@ TABLE1: dict[str, dict[str, Any]] = {
 # Figure 4: T5-Large -> MQA by each method, alpha 0.05, on three tasks.
 FIG4_TASKS = (("cnn_dailymail", "CNN R1", "ROUGE-1"), ("multi_news", "MultiNews R1", "ROUGE-1"),
               ("trivia_qa", "TriviaQA F1", "F1"))  # fmt: skip
-FIG4_METHODS = ("mean", "first", "random")
-# Beyond the paper (gqa_jax.head_merging): the Fig. 4 sweeps take them with --set methods=all.
-# "<method>-calibrated" is that method calibrated on CALIBRATION_BATCHES batches of the run's task
-# (gqa_jax.calibration; grouped and svd only).
-FIG4_MORE_METHODS = ("grouped", "aligned", "svd", "svd-calibrated")
-CALIBRATED = "-calibrated"
+FIG4_METHODS = conversion.paper()  # mean, first, random: the conversion methods marked as the paper's
+# Beyond the paper: the Fig. 4 sweeps' ``methods`` parameter may name any method of the registry, or
+# "<method>-calibrated" (that method calibrated on CALIBRATION_BATCHES batches of the run's task).
 CALIBRATION_BATCHES = 4
 
 
 def method_fields(name: str) -> tuple[str, int]:
     """A Fig. 4 method name as ``(convert method, calibration batches)``: ``svd-calibrated`` ->
     ``("svd", CALIBRATION_BATCHES)``, ``mean`` -> ``("mean", 0)``."""
-    if name.endswith(CALIBRATED):
-        return name[: -len(CALIBRATED)], CALIBRATION_BATCHES
-    return name, 0
+    method, calibrated = conversion.variant(name)
+    return method.name, CALIBRATION_BATCHES if calibrated else 0
 
 
 def conversion_methods(value: str) -> tuple[str, ...]:
-    """A Fig. 4 sweep's ``methods`` parameter: ``paper`` (mean, first, random), ``all`` (those and
-    grouped, aligned, svd, svd-calibrated) or a comma-separated list of them (also
-    ``grouped-calibrated``)."""
-    known = FIG4_METHODS + FIG4_MORE_METHODS + ("grouped" + CALIBRATED,)
+    """A Fig. 4 sweep's ``methods`` parameter: ``paper`` (the paper's three), ``all`` (every method
+    of ``gqa_jax.conversion`` and the calibrated variant of each that calibrates) or a
+    comma-separated list of those names."""
+    known = conversion.variants()
     if value == "paper":
         return FIG4_METHODS
     if value == "all":
-        return FIG4_METHODS + FIG4_MORE_METHODS
+        return known
     chosen = tuple(m.strip() for m in str(value).split(",") if m.strip())
     unknown = [m for m in chosen if m not in known]
     if unknown or not chosen:

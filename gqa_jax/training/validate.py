@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from gqa_jax import convert, head_merging, sharding
+from gqa_jax import conversion, sharding
 from gqa_jax.config import DTYPES, REMAT_POLICIES, ModelConfig
 from gqa_jax.data import tasks as tasks_lib
 
@@ -86,8 +86,8 @@ def _check_uptrain(config: Any, task: Any) -> None:
         _fail("uptrain.source_step", up.source_step, "an integer >= 0, or None for original_steps")
     if not _is_int(up.num_kv_heads) or up.num_kv_heads < 1:
         _fail("uptrain.num_kv_heads", up.num_kv_heads, "an integer >= 1 (1: MQA)")
-    if up.method not in convert.METHODS:
-        _fail("uptrain.method", up.method, f"one of {', '.join(convert.METHODS)}")
+    if up.method not in conversion.names():
+        _fail("uptrain.method", up.method, f"one of {', '.join(conversion.names())}")
     batches = up.calibration_batches
     if not _is_int(batches) or batches < 0:
         _fail("uptrain.calibration_batches", batches, "an integer >= 0 (0: no calibration)")
@@ -96,10 +96,10 @@ def _check_uptrain(config: Any, task: Any) -> None:
     if up.calibration_task is not None and up.calibration_task not in tasks_lib.TASKS:
         known = ", ".join(tasks_lib.TASKS)
         _fail("uptrain.calibration_task", up.calibration_task, f"one of {known}, or None for config.task")
-    if batches and up.method not in head_merging.CALIBRATED:
+    if batches and up.method not in conversion.calibrated():
         raise ValueError(
             f"config.uptrain.calibration_batches={batches} calibrates method "
-            f"{' or '.join(head_merging.CALIBRATED)} only, not uptrain.method={up.method!r}: choose one of "
+            f"{' or '.join(conversion.calibrated())} only, not uptrain.method={up.method!r}: choose one of "
             "those methods or set --config.uptrain.calibration_batches=0"
         )
     for name, instead in (

@@ -1,4 +1,4 @@
-"""The sweep report (gqa_jax.experiments.report, figures, claims, report_md; the ``report``
+"""The sweep report (gqa_jax.experiments.report, its parts, claims; the ``report``
 command) on fake ROOTs: run directories written here by hand in the runner's formats."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 
 from gqa_jax.experiments import claims as claims_lib
 from gqa_jax.experiments import report, stats
+from gqa_jax.experiments.parts import fig3
 from gqa_jax.experiments.sweep import Run, Sweep, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,16 +131,16 @@ def keep_png(path: Path, name: str) -> None:
 
 # ---------------------------------------------------------------------------------- numbers
 def test_stat_is_mean_and_sample_std_and_a_mean_over_tasks_missing_when_a_task_is():
-    s = report.stat({0: 40.0, 1: 42.0, 2: 47.0}, 3)
+    s = stats.stat({0: 40.0, 1: 42.0, 2: 47.0}, 3)
     assert s.mean == pytest.approx(43.0) and s.std == pytest.approx(math.sqrt(13.0)) and s.n == 3
-    one = report.stat({0: 5.0}, 2)
+    one = stats.stat({0: 5.0}, 2)
     assert one.std is None and one.n == 1 and one.expected == 2
-    assert report.stat({}, 2).missing
-    a, b = report.stat({0: 40.0, 1: 42.0}, 2), report.stat({0: 70.0, 1: 74.0}, 2)
-    m = report.mean_of([a, b])
+    assert stats.stat({}, 2).missing
+    a, b = stats.stat({0: 40.0, 1: 42.0}, 2), stats.stat({0: 70.0, 1: 74.0}, 2)
+    m = stats.mean_of([a, b])
     assert m.mean == pytest.approx(56.5)
     assert m.std == pytest.approx(abs(55.0 - 58.0) / math.sqrt(2))  # the per-seed means: 55 and 58
-    assert report.mean_of([a, report.stat({}, 2)]).missing
+    assert stats.mean_of([a, stats.stat({}, 2)]).missing
 
 
 def test_verdict_rule():
@@ -195,16 +196,14 @@ def test_table1_rows_in_the_paper_order_with_mean_std_missing_and_fig3(tmp_path)
 
 
 def test_fig3_puts_ours_and_the_papers_points_on_one_plot_when_the_scales_match(tmp_path):
-    from gqa_jax.experiments import figures
-
     sweep, values = table_sweep()
     values |= {r.name: values[r.name] - 15.0 for r in sweep.runs if r.stage == "evaluate"}  # near the paper's
     numbers = report.compute(sweep, fake_root(tmp_path, sweep, values))
-    data = numbers.figures["fig3"]
-    assert [m for m, *_ in data["ours"]] == list(PAPER_ROWS) and [m for m, *_ in data["paper"]] == list(
+    data = numbers["fig3"]
+    assert [p.model for p in data.ours] == list(PAPER_ROWS) and [m for m, *_ in data.paper] == list(
         PAPER_ROWS
     )
-    assert figures.fig3(data, tmp_path / "fig3.png") == tmp_path / "fig3.png"
+    assert fig3.PART.figure(data, tmp_path / "fig3.png") == tmp_path / "fig3.png"
     check_png(tmp_path / "fig3.png")
     keep_png(tmp_path / "fig3.png", "fig3_shared.png")
 
@@ -365,8 +364,8 @@ def test_fig6_has_a_line_per_kv_cache_and_the_quantized_over_float_ratio(tmp_pat
     header = "| groups | float cache: time per sample (s) | int8 cache: time per sample (s) | int8 / float |"
     assert header in md
     assert "| 4 | 0.8 | 0.4 | 0.500 |" in md and "| 8 (MHA) | 1.6 | missing | missing |" in md
-    fig = report.compute(sweep, tmp_path).figures["fig6"]
-    assert fig["reference"][1].mean == pytest.approx(1.6)  # MHA's reference line is the float cache's
+    fig = report.compute(sweep, tmp_path)["fig6"]
+    assert fig.reference.mean == pytest.approx(1.6)  # MHA's reference line is the float cache's
     check_png(written["fig6"])
     keep_png(written["fig6"], "fig6_caches.png")
 
@@ -484,11 +483,11 @@ def test_in_a_mini_without_proxies_evaluate_runs_tagged_method_or_alpha_are_the_
     sweep = Sweep("mini", runs, paper)
     root = fake_root(tmp_path, sweep, {"eval_mqa": 20.0, "eval_mqa_first": 15.0, "eval_mqa_a0": 5.0})
     numbers = report.compute(sweep, root)
-    assert [r["model"] for r in numbers.table["rows"]] == ["MQA"]
-    assert numbers.table["rows"][0]["scores"]["docsum"].mean == 20.0
-    assert numbers.figures["fig4"]["bars"]["first"][0].mean == 15.0
-    assert numbers.figures["fig5"]["lines"]["MQA"][0].mean == 5.0
-    assert numbers.figures["fig6"]["times"] == [] and numbers.claims[0].verdict == "missing"
+    assert [r.model for r in numbers["table1"].rows] == ["MQA"]
+    assert numbers["table1"].row("MQA").scores["docsum"].mean == 20.0
+    assert numbers["fig4"].bars["first"][0].mean == 15.0
+    assert numbers["fig5"].lines["MQA"][0].mean == 5.0
+    assert numbers["fig6"].times == () and numbers["claims"].claims[0].verdict == "missing"
 
 
 # ---------------------------------------------------------------------------------- the real sweep files
@@ -519,10 +518,10 @@ def test_fig4_on_the_proxy_shows_the_converted_and_the_uptrained_loss_over_seeds
             metrics = root / run.name / "metrics.jsonl"
             first = json.dumps({"step": 0, "eval/loss": starts[run.tags["method"]] + 0.1 * run.tags["seed"]})
             metrics.write_text(first + "\n" + metrics.read_text())
-    fig4 = report.compute(sweep, root).figures["fig4"]
+    fig4 = report.compute(sweep, root)["fig4"]
     proxy = "dev span-corruption loss"
-    assert fig4["columns"] == ["converted", proxy] and fig4["groups"] == ["converted (step 0)", "uptrained"]
-    converted, uptrained = fig4["bars"]["mean"]
+    assert fig4.columns == ("converted", proxy) and fig4.groups == ("converted (step 0)", "uptrained")
+    converted, uptrained = fig4.bars["mean"]
     assert converted.mean == pytest.approx(6.05) and converted.n == 2
     assert converted.std == pytest.approx(0.0707, abs=1e-3)
     assert uptrained.mean == pytest.approx(3.105) and uptrained.n == 2

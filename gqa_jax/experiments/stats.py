@@ -26,8 +26,7 @@ class Stat:
         return self.mean is None
 
 
-# Two means this close are the same number (float32 rounding: grouped at one group is mean pooling,
-# its dev loss 6.08469950 against 6.08469951).
+# Two means this close are the same number (float32 rounding; docs/experiments.md, Fig. 4).
 EQUAL_RTOL = 1e-6
 
 

@@ -1,0 +1,152 @@
+"""Figure 6: time per sample against the number of groups (time runs tagged ``groups``) on a log
+x axis, a line per KV cache; ``groups == reference_groups`` is MHA, a dotted horizontal line.
+
+Time runs tagged ``cache`` (a quantized dtype, e.g. int8) draw that cache's line (dashed), the
+others the float cache's (the model's dtype, the paper's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gqa_jax.experiments.parts import md, plot
+from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
+from gqa_jax.experiments.parts.records import Record, gather, machine, select, unique
+from gqa_jax.experiments.stats import Stat
+
+FLOAT_CACHE = "float"  # the line of the time runs without a "cache" tag (the model's dtype)
+CACHE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")  # the quantized caches' lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Fig6:
+    title: str
+    xlabel: str
+    ylabel: str
+    groups: tuple[int, ...]
+    lines: Mapping[str, tuple[Stat, ...]]  # KV cache -> a time per group; the float cache's first
+    reference_groups: int | None  # MHA's number of groups
+    reference_label: str
+    reference: Stat  # MHA's time, the float cache's
+    machine: str  # where the times were measured, in words
+
+    @property
+    def times(self) -> tuple[Stat, ...]:
+        """The float cache's line."""
+        return self.lines.get(FLOAT_CACHE, (Stat(None),) * len(self.groups))
+
+
+class Fig6Part(Part[Fig6]):
+    name = "fig6"
+    key = "fig6"
+    flat_key = "reference_groups"
+
+    def takes(self, context: Context) -> Mapping[str, Sequence[str]]:
+        return {"time": ("groups",)}
+
+    def compute(self, records: Sequence[Record], schema: Mapping[str, Any], context: Context) -> Fig6:
+        key = lambda r: (r.tags.get("cache", FLOAT_CACHE), r.tags["groups"])  # noqa: E731
+        cells = gather(records, select("time", "groups", part=self.name), key, "time")
+        groups = unique([*schema.get("groups", []), *sorted(g for _, g in cells)])
+        caches = unique([*schema.get("caches", [FLOAT_CACHE]), *(c for c, _ in cells)])
+        ref = schema.get("reference_groups", max(groups, default=None))
+        lengths = (
+            f" (input {schema['input_len']}, output {schema['output_len']})" if "input_len" in schema else ""
+        )
+        return Fig6(
+            title="Fig. 6: time per sample vs number of groups" + lengths,
+            xlabel="number of groups (K/V heads; log scale)",
+            ylabel="time per sample (s)",
+            groups=tuple(groups),
+            lines={c: tuple(cells.get((c, g), Stat(None)) for g in groups) for c in caches},
+            reference_groups=ref,
+            reference_label=f"MHA ({ref} groups)",
+            reference=cells.get((FLOAT_CACHE, ref), Stat(None)),
+            machine=machine(records),
+        )
+
+    def markdown(self, result: Fig6, files: Mapping[str, str]) -> list[str]:
+        lines = result.lines
+        quantized = [c for c in lines if c != FLOAT_CACHE]
+        header = ["groups", *(f"{c} cache: time per sample (s)" for c in lines)]
+        header += [f"{c} / {FLOAT_CACHE}" for c in quantized if FLOAT_CACHE in lines]
+        rows = []
+        for i, g in enumerate(result.groups):
+            row = [f"{g}" + (" (MHA)" if g == result.reference_groups else "")]
+            row += [md.fmt(line[i], "time") for line in lines.values()]
+            for c in quantized if FLOAT_CACHE in lines else ():
+                q, f = lines[c][i], lines[FLOAT_CACHE][i]
+                row.append("missing" if q.missing or f.missing else f"{q.mean / f.mean:.3f}")
+            rows.append(row)
+        cache_note = (
+            " The float cache holds K/V in the model's dtype (the paper's); "
+            + ", ".join(quantized)
+            + " stores one byte per element and a float32 scale per token and K/V head."
+            if quantized
+            else ""
+        )
+        return [
+            f"## {result.title}",
+            "",
+            *md.image(self.name, files, result.title),
+            f"Time: timing.json's time_per_sample_s on {result.machine}.{cache_note}",
+            "",
+            *md.table(header, rows),
+        ]
+
+    def csv(self, result: Fig6) -> list[CsvRow]:
+        rows = []
+        for cache, line in result.lines.items():
+            column = "time_per_sample_s" + ("" if cache == FLOAT_CACHE else f"[{cache} cache]")
+            rows += [
+                csv_row(self.name, f"groups={g}", column, s) for g, s in zip(result.groups, line, strict=True)
+            ]
+        return rows
+
+    def figure(self, result: Fig6, path: Path) -> Path:
+        fig, (ax,) = plot.new()
+        groups, lines = result.groups, result.lines
+        drawn = 0
+        for i, (cache, line) in enumerate(lines.items()):
+            pts = [(g, s) for g, s in zip(groups, line, strict=True) if plot.present(s)]
+            drawn += len(pts)
+            if not pts:
+                continue
+            label = "ours (1 group = MQA)" if len(lines) == 1 else f"ours, {cache} KV cache"
+            color = plot.OURS if cache == FLOAT_CACHE else CACHE_COLORS[i % len(CACHE_COLORS)]
+            ax.errorbar([g for g, _ in pts], [s.mean for _, s in pts], yerr=[plot.err(s) for _, s in pts],
+                        marker="o", color=color, ls="-" if cache == FLOAT_CACHE else "--", capsize=3,
+                        label=label)  # fmt: skip
+        if plot.present(result.reference):
+            ax.axhline(result.reference.mean, color="black", ls=":", lw=1.5, label=result.reference_label)
+        if not drawn:
+            plot.no_data(ax)
+        else:
+            ax.legend(fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(groups, [str(g) for g in groups])
+        ax.minorticks_off()
+        ax.set_xlabel(result.xlabel)
+        ax.set_ylabel(result.ylabel)
+        ax.set_title(plot.title(result.title), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.margins(y=0.15)
+        gone = [
+            (c, g)
+            for c, line in lines.items()
+            for g, s in zip(groups, line, strict=True)
+            if not plot.present(s)
+        ]
+        for g in dict.fromkeys(g for _, g in gone):
+            plot.mark_missing(ax, g)
+        plot.note_missing(
+            fig, [f"{g} groups" + ("" if len(lines) == 1 else f" ({c} cache)") for c, g in gone]
+        )
+        fig.savefig(path, dpi=plot.DPI)
+        return path
+
+
+PART = Fig6Part()

@@ -1,0 +1,112 @@
+"""The paper's claims, each tested on Table 1's, Fig. 4's and Fig. 5's results with a verdict
+(the rule: ``experiments.claims``). Models are matched by name ("MHA...", "GQA...", "MQA...")."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gqa_jax.experiments import claims as rule
+from gqa_jax.experiments.claims import MISSING, Claim
+from gqa_jax.experiments.parts import md
+from gqa_jax.experiments.parts.base import Context, Part
+from gqa_jax.experiments.parts.fig4 import Fig4
+from gqa_jax.experiments.parts.fig5 import Fig5
+from gqa_jax.experiments.parts.records import Record
+from gqa_jax.experiments.parts.table1 import Table1
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperClaims:
+    claims: tuple[Claim, ...]  # in the paper's order of argument
+
+
+def _three(models: Sequence[str]) -> tuple[str | None, str | None, str | None]:
+    gqa = rule.pick(models, "GQA")
+    return rule.pick(models, "MQA"), gqa, rule.pick(models, "MHA", like=gqa)
+
+
+def _on_proxy(proxy: str | None) -> str:
+    return f"; on the proxy, {proxy} (lower is better)" if proxy else ""
+
+
+def decode_time(table: Table1) -> Claim:
+    name = "decode time MQA < GQA < MHA (the time runs)"
+    rows = {r.model: r for r in table.rows}
+    labels = _three(list(rows))
+    stats = [rows[m].time if m else None for m in labels]
+    return rule.chain(name, labels, stats, " s", higher=False)
+
+
+def conversion(fig4: Fig4) -> Claim:
+    name = "conversion Mean > First > Random (Fig. 4 data)" + _on_proxy(fig4.proxy)
+    methods = ("mean", "first", "random")
+    stats = [fig4.bars[m][-1] if m in fig4.bars else None for m in methods]  # [-1]: over the tasks
+    labels = [m if m in fig4.bars else None for m in methods]
+    return rule.chain(name, labels, stats, "", higher=not fig4.lower_is_better)
+
+
+def alpha_zero(fig5: Fig5) -> Claim:
+    name = "at alpha 0, GQA is closer to MHA than MQA is (Fig. 5 data)" + _on_proxy(fig5.proxy)
+    if not any(a == 0 for a in fig5.alphas):
+        return Claim(name, "no alpha 0 data in this sweep", MISSING)
+    i = [a == 0 for a in fig5.alphas].index(True)
+    ref_name, ref = fig5.reference, fig5.reference_value
+    mqa, gqa = rule.pick(list(fig5.lines), "MQA"), rule.pick(list(fig5.lines), "GQA")
+    g, m = (fig5.lines[x][i] if x else None for x in (gqa, mqa))
+    evidence = ", ".join(rule.show(n, s) for n, s in ((gqa, g), (mqa, m), (ref_name, ref)))
+    if rule.missing(ref) or rule.missing(g) or rule.missing(m) or None in (gqa, mqa):
+        return Claim(name, evidence, MISSING)
+    gap_g, gap_m = abs(g.mean - ref.mean), abs(m.mean - ref.mean)
+    evidence += f"; gap to {ref_name}: {gqa} {gap_g:.4g}, {mqa} {gap_m:.4g}"
+    return Claim(name, evidence, rule.verdict(gap_m - gap_g, math.hypot(g.std or 0.0, m.std or 0.0)))
+
+
+def quality(table: Table1) -> Claim:
+    name = "quality MHA ≥ GQA ≥ MQA after uptraining (Table 1, plain mean)"
+    rows = {r.model: r for r in table.rows}
+    mqa, gqa, mha = _three(list(rows))
+    labels = (mha, gqa, mqa)
+    stats = [rows[m].plain_mean if m else None for m in labels]
+    return rule.chain(name, labels, stats, "", higher=True, strict=False)
+
+
+def stability(table: Table1) -> Claim:
+    name = "MQA less stable than GQA: more spread over seeds (Table 1 data)"
+    rows = {r.model: r for r in table.rows}
+    mqa, gqa, _ = _three(list(rows))
+    if mqa is None or gqa is None:
+        return Claim(name, "no MQA or GQA row in this sweep", MISSING)
+    spreads, fewest = {}, []
+    for m in (mqa, gqa):
+        cells = list(rows[m].scores.values())
+        if not cells or any(rule.missing(c) or c.std is None for c in cells):
+            return Claim(name, f"{m}: needs every task scored with at least 2 seeds", MISSING)
+        spreads[m] = sum(c.std for c in cells) / len(cells)
+        fewest.append(min(c.n for c in cells))
+    noise = math.sqrt((spreads[mqa] ** 2 + spreads[gqa] ** 2) / (2 * (min(fewest) - 1)))
+    evidence = (
+        f"mean over tasks of the std over seeds: {mqa} {spreads[mqa]:.3g}, {gqa} {spreads[gqa]:.3g} "
+        f"(noise {noise:.2g}, n ≥ {min(fewest)})"
+    )
+    return Claim(name, evidence, rule.verdict(spreads[mqa] - spreads[gqa], noise))
+
+
+class PaperClaimsPart(Part[PaperClaims]):
+    name = "claims"
+    needs = ("table1", "fig4", "fig5")
+
+    def compute(self, records: Sequence[Record], schema: Mapping[str, Any], context: Context) -> PaperClaims:
+        table, fig4, fig5 = (context.results[n] for n in self.needs)
+        return PaperClaims(
+            (decode_time(table), conversion(fig4), alpha_zero(fig5), quality(table), stability(table))
+        )
+
+    def markdown(self, result: PaperClaims, files: Mapping[str, str]) -> list[str]:
+        rows = [[c.claim, c.evidence, f"**{c.verdict}**"] for c in result.claims]
+        return ["## The paper's claims", "", rule.RULE, "", *md.table(["claim", "numbers", "verdict"], rows)]
+
+
+PART = PaperClaimsPart()

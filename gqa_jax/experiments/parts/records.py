@@ -1,0 +1,147 @@
+"""What a report reads from a sweep's run directories, and how the parts pick their cells from it.
+
+:func:`collect`: one :class:`Record` per run of the sweep (ROOT/<run>/run.json, results.json,
+timing.json, metrics.jsonl); :func:`gather`: the selected runs grouped into cells, each a
+``stats.Stat`` over seeds; :func:`select` / :func:`in_part`: which runs a part takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gqa_jax.experiments.stats import Stat, stat
+from gqa_jax.experiments.sweep import Run, Sweep
+from gqa_jax.metric_writers import read_metrics
+
+PROXY_STAGES = ("pretrain", "uptrain")  # a proxy's runs: their dev loss is the span-corruption loss
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What a run's directory holds: its run.json status and the numbers the report reads."""
+
+    run: Run
+    status: str  # "done", "failed", ... from run.json; "not run" without one
+    score: float | None = None  # results.json primary
+    time: float | None = None  # timing.json time_per_sample_s
+    loss: float | None = None  # last eval/loss of metrics.jsonl (a training run's dev loss)
+    start_loss: float | None = None  # eval/loss at step 0 (eval_at_start: the converted model's)
+    machine: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # timing.json's
+    timing: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # all of timing.json
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def eval_losses(path: Path) -> tuple[float | None, float | None]:
+    """``(eval/loss at step 0, the last eval/loss)`` of a metrics.jsonl (None where there is none)."""
+    if not path.is_file():
+        return None, None
+    rows = [r for r in read_metrics(path) if "eval/loss" in r]
+    start = [r["eval/loss"] for r in rows if r.get("step") == 0]
+    return (_finite(start[0]) if start else None), (_finite(rows[-1]["eval/loss"]) if rows else None)
+
+
+def read_run(root: Path, run: Run) -> Record:
+    d = root / run.name
+    info = _json(d / "run.json")
+    if info is None:
+        return Record(run, "not run")
+    status = str(info.get("status", "unknown"))
+    if status != "done":
+        return Record(run, status)
+    results, timing = _json(d / "results.json") or {}, _json(d / "timing.json") or {}
+    start, last = eval_losses(d / "metrics.jsonl")
+    return Record(
+        run,
+        status,
+        score=_finite(results.get("primary")),
+        time=_finite(timing.get("time_per_sample_s")),
+        loss=last,
+        start_loss=start,
+        machine=timing.get("machine") or {},
+        timing=timing,
+    )
+
+
+def collect(sweep: Sweep, root: str | Path) -> list[Record]:
+    """One record per run of the sweep; ValueError when none of them has a run directory."""
+    root = Path(root)
+    if not any((root / r.name / "run.json").is_file() for r in sweep.runs):
+        raise ValueError(
+            f"--root {root} holds no run directory of sweep {sweep.name} (no {root}/<run name>/run.json "
+            f"for any of its {len(sweep.runs)} runs): run the sweep first "
+            f"(python -m gqa_jax sweep <sweep file> --root {root})"
+        )
+    return [read_run(root, r) for r in sweep.runs]
+
+
+def in_part(run: Run, part: str, exclude: Sequence[str] = ()) -> bool:
+    """A run tagged ``figure`` (a part or a list of parts) belongs to those only; else to any
+    part whose selection it passes, less runs tagged with a key of ``exclude``."""
+    figure = run.tags.get("figure")
+    if figure is not None:
+        return part in ([figure] if isinstance(figure, str) else list(figure))
+    return not any(k in run.tags for k in exclude)
+
+
+def select(
+    stage: str | Sequence[str], *tags: str, part: str = "", exclude: Sequence[str] = ()
+) -> Callable[[Run], bool]:
+    """Runs of ``stage`` (one or several) that have every tag of ``tags`` and are in ``part``."""
+    stages = (stage,) if isinstance(stage, str) else tuple(stage)
+    return lambda r: r.stage in stages and all(t in r.tags for t in tags) and in_part(r, part, exclude)
+
+
+def gather(
+    records: Sequence[Record], pick: Callable[[Run], bool], key: Callable[[Run], Any], value: str
+) -> dict[Any, Stat]:
+    """Cells: the picked runs grouped by ``key``, each a Stat of their ``value`` attribute over
+    seeds (``tags["seed"]``, else the run's place in its cell); keys in the sweep's order."""
+    groups: dict[Any, list[Record]] = {}
+    for rec in records:
+        if pick(rec.run):
+            groups.setdefault(key(rec.run), []).append(rec)
+    out = {}
+    for k, recs in groups.items():
+        values = {}
+        for i, rec in enumerate(recs):
+            v = getattr(rec, value) if rec.status == "done" else None
+            if v is not None:
+                values[rec.run.tags.get("seed", i)] = v
+        out[k] = stat(values, len(recs))
+    return out
+
+
+def unique(items: Any) -> list[Any]:
+    """``items`` without repeats, in their order."""
+    return list(dict.fromkeys(items))
+
+
+def task_columns(schema: Mapping[str, Any], found: Sequence[str]) -> list[tuple[str, str]]:
+    """(task, column label): the schema's ``tasks``, in its order, then tasks only the runs have."""
+    tasks = [(t[0], t[1]) for t in schema.get("tasks", [])]
+    return tasks + [(t, t) for t in unique(found) if t not in dict(tasks)]
+
+
+def machine(records: Sequence[Record]) -> str:
+    """The first timing.json's machine, in words."""
+    for rec in records:
+        m = rec.machine
+        if m:
+            devices = m.get("devices") or ["?"]
+            return f"{m.get('backend', '?')}, {m.get('device_count', len(devices))} x {devices[0]}"
+    return "unknown (no timing.json)"

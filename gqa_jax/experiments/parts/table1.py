@@ -1,0 +1,138 @@
+"""Table 1: per model, T_infer and the tasks' scores with their plain mean, the paper's beside them.
+
+Scores: evaluate runs tagged ``model`` and ``task``; T_infer: the mean of a model's time runs'
+cells (tagged ``model``; one cell per set of lengths, or any other tag but ``seed``). Runs another
+part of the report takes (``Part.takes``: Fig. 4's ``method``, Fig. 5's ``alpha``, Fig. 6's
+``groups``) are not the table's; time runs tagged that way are, though, when no other time run
+has a ``model`` tag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gqa_jax.experiments.parts import md
+from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
+from gqa_jax.experiments.parts.records import Record, gather, machine, select, task_columns, unique
+from gqa_jax.experiments.stats import Stat, mean_of
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperRow:
+    """The paper's numbers for a model (None where it prints none)."""
+
+    time: float | None = None  # T_infer, s per TPUv4 chip
+    average: float | None = None  # its own "Average" column (over its seven tasks)
+    scores: Mapping[str, float] = dataclasses.field(default_factory=dict)  # task -> score
+    plain_mean: float | None = None  # the mean of ``scores`` over the table's tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class Table1Row:
+    model: str
+    time: Stat  # T_infer: the mean of its time runs' cells
+    scores: Mapping[str, Stat]  # task -> its cell
+    plain_mean: Stat  # the mean over the tasks (missing when one is)
+    paper: PaperRow
+
+
+@dataclasses.dataclass(frozen=True)
+class Table1:
+    tasks: tuple[tuple[str, str], ...]  # (task, column label)
+    rows: tuple[Table1Row, ...]  # the paper's models in its order, then those only the runs have
+    note: str | None  # the schema's note, printed under the table's caption
+    machine: str  # where the times were measured, in words
+
+    def row(self, model: str) -> Table1Row:
+        return next(r for r in self.rows if r.model == model)
+
+
+def _rest(run: Any) -> tuple[tuple[str, str], ...]:
+    """A time run's tags but ``model`` and ``seed``: its cell among the model's."""
+    return tuple(sorted((k, str(v)) for k, v in run.tags.items() if k not in ("model", "seed")))
+
+
+class Table1Part(Part[Table1]):
+    name = "table1"
+    key = "table1"
+    flat_key = "rows"
+
+    def compute(self, records: Sequence[Record], schema: Mapping[str, Any], context: Context) -> Table1:
+        taken = context.taken_by_others("evaluate", self.name)
+        pick = select("evaluate", "model", "task", part=self.name, exclude=taken)
+        scores = gather(records, pick, lambda r: (r.tags["model"], r.tags["task"]), "score")
+        others = context.taken_by_others("time", self.name)
+        timed = select("time", "model", part=self.name, exclude=others)
+        if others and not any(timed(rec.run) for rec in records):
+            timed = select("time", "model", part=self.name)
+        times = gather(records, timed, lambda r: (r.tags["model"], _rest(r)), "time")
+        tasks = task_columns(schema, [t for _, t in scores])
+        paper_rows = schema.get("rows", {})
+        models = unique([*paper_rows, *(m for m, _ in scores), *(m for m, _ in times)])
+        rows = []
+        for m in models:
+            cells = {t: scores.get((m, t), Stat(None)) for t, _ in tasks}
+            time_cells = [s for (mm, _), s in times.items() if mm == m]
+            paper = paper_rows.get(m, {})
+            paper_scores = paper.get("scores", {})
+            paper_mean = [paper_scores.get(t) for t, _ in tasks]
+            rows.append(Table1Row(
+                model=m,
+                time=mean_of(time_cells) if time_cells else Stat(None),
+                scores=cells,
+                plain_mean=mean_of(list(cells.values())),
+                paper=PaperRow(
+                    time=paper.get("time"),
+                    average=paper.get("average"),
+                    scores=paper_scores,
+                    plain_mean=None if None in paper_mean or not tasks else statistics.fmean(paper_mean),
+                ),
+            ))  # fmt: skip
+        return Table1(tuple(tasks), tuple(rows), schema.get("note"), machine(records))
+
+    def markdown(self, result: Table1, files: Mapping[str, str]) -> list[str]:
+        header = [
+            "model",
+            "T_infer (s)",
+            *(label for _, label in result.tasks),
+            "Average (paper)",
+            "plain mean",
+        ]
+        rows = []
+        for r in result.rows:
+            p = r.paper
+            rows.append([
+                r.model,
+                md.cell(r.time, p.time, "time"),
+                *(md.cell(r.scores[t], p.scores.get(t)) for t, _ in result.tasks),
+                md.NOT_IN_SWEEP if p.average is None else str(p.average),
+                md.cell(r.plain_mean, None if p.plain_mean is None else round(p.plain_mean, 2)),
+            ])  # fmt: skip
+        return [
+            "## Table 1",
+            "",
+            f"T_infer: time per sample in seconds; ours: timing.json's time_per_sample_s (median over runs, "
+            f"compile excluded) on {result.machine}, the mean of a model's time runs (one per set of "
+            "lengths); the paper's: per TPUv4 chip. Scores: the dev sets' primary metric. "
+            '"Average (paper)" is the paper\'s own column (it does not define it); "plain mean" is the mean '
+            "over the tasks, ours (the paper's).",
+            *([""] + [result.note] if result.note else []),
+            "",
+            *md.table(header, rows),
+        ]
+
+    def csv(self, result: Table1) -> list[CsvRow]:
+        rows = []
+        for r in result.rows:
+            p = r.paper
+            rows.append(csv_row(self.name, r.model, "T_infer_s", r.time, p.time))
+            rows += [csv_row(self.name, r.model, t, r.scores[t], p.scores.get(t)) for t, _ in result.tasks]
+            rows.append(csv_row(self.name, r.model, "paper_average", None, p.average))
+            rows.append(csv_row(self.name, r.model, "plain_mean", r.plain_mean, p.plain_mean))
+        return rows
+
+
+PART = Table1Part()

@@ -31,10 +31,10 @@ barely move in a few hundred steps), the tasks at shorter lengths than the suite
 2048 inputs cost seconds per step on a CPU), timing at batch 8 in float32 (bfloat16 is slow on
 a CPU). Dropout 0.1, greedy decoding, the best dev checkpoint and the conversion are the paper's.
 
-Scales (``--set scale=...``): ``default`` (the README's main command; 80 runs, measured at 33.9
-minutes on 2 CPU cores from a fresh clone with ``--jobs 2``, the suite's build included),
-``quick`` (the test suite's: one task, few steps, 28 runs in a few minutes), ``large`` (bigger
-roles and longer runs for a GPU or TPU host; not run yet).
+Scales (``--set scale=...``): ``default`` (the README's main command), ``quick`` (the test
+suite's: one task, few steps, a smoke run of a few minutes), ``large`` (bigger roles and longer
+runs for a GPU or TPU host). How many runs each has: ``sweep experiments/mini.py --set
+scale=... --dry-run``; their measured wall times: docs/experiments.md ("The mini reproduction").
 
 The paper's numbers beside ours are its Table 1 rows (T_infer s per TPUv4 chip / its Average over
 its seven tasks): MHA-Large 0.37 / 46.0, MHA-XXL 1.51 / 47.2, MQA-XXL 0.24 / 46.6, GQA-8-XXL

@@ -1,16 +1,9 @@
 """``python -m gqa_jax <command>``: a thin command line over the library.
 
-Commands (each in ``gqa_jax/cli/<command>.py``, with its own arguments):
-  demo     the main job: the embedded mini reproduction of Table 1 (pre-train MHA, uptrain to
-           GQA-2 / MQA, fine-tune, ROUGE-1 and decoding time), on the Python stdlib, offline.
-  info     parameter counts, K/V heads and KV-cache bytes of a T5.1.1 preset (nothing allocated).
-  convert  MHA -> GQA / MQA checkpoint conversion with a provenance manifest (or --check DST).
-  data     tasks, dataset preparation, the embedded stdlib suite, vocabularies (``data --help``).
-  train    pre-train, uptrain or fine-tune: --config configs/<file>.py[:variant] --workdir DIR
-           [--config.FIELD=VALUE ...].
-  bench    benchmarks: `bench decode`, `bench train`, `bench step`.
-  plan     per-device memory of the sharded train step and decode loop on a mesh, compiled ahead
-           of time on abstract shapes.
+The commands are ``gqa_jax.cli.COMMANDS``, each a module ``gqa_jax/cli/<command>.py`` with its own
+arguments and a one-line ``HELP``; ``python -m gqa_jax --help`` lists them with it, and
+``python -m gqa_jax <command> --help`` gives a command's arguments. ``demo`` is the main job: the
+embedded mini reproduction of the paper's pipeline, offline on a CPU.
 
 Bad input (a wrong config or argument, a missing, unreadable or corrupt file, a busy, read-only or
 full workdir) is one line on stderr and exit code 2, without a traceback; ``--debug`` (anywhere on

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-# rouge_score (with nltk) and sacrebleu load when a score is computed (about 1.5 s of every
-# training process's start otherwise, pre-training included).
+# rouge_score (with nltk) and sacrebleu load when a score is computed, not at import: every training
+# process starts faster (docs/training.md, "Start-up time").
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 ROUGE_BOOTSTRAP_SEED = 0  # numpy seed of the ROUGE bootstrap (see _bootstrap_mid)
@@ -43,8 +43,7 @@ def import_without(name: str, unused: tuple[str, ...]) -> ModuleType:
     """``import name`` with the optional packages ``unused`` hidden while it loads, each only if
     not loaded already. tensorboardX imports torch when torch is installed (to accept torch
     tensors; scalars never need it), and rouge_score's nltk imports scipy.stats (for a collocation
-    test ROUGE never runs): measured, 2.9 s of every training process's start and 2.2 s more of
-    every one that scores ROUGE (a fine-tuning run: 17-23 s -> 12.5-13 s on 2 CPU cores)."""
+    test ROUGE never runs): both only cost start-up time (docs/training.md, "Start-up time")."""
     hidden = [m for m in unused if m not in sys.modules]
     for m in hidden:
         sys.modules[m] = None  # type: ignore[assignment]  # None here makes ``import m`` fail

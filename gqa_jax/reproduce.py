@@ -18,19 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gqa_jax import shipped
 from gqa_jax.data import stdlib_suite
 from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.experiments import report, runner, sweep
-from gqa_jax.experiments.paper import REPO
-
-MINI = REPO / "experiments" / "mini.py"
 
 
 def sweep_file() -> Path:
-    """``experiments/mini.py`` of this checkout (the demo runs from the repository)."""
-    if not MINI.is_file():
-        raise FileNotFoundError(f"{MINI} not found: run the demo from a checkout of gqa_jax")
-    return MINI
+    """The shipped ``experiments/mini.py`` (of the checkout, or of the installed package)."""
+    return shipped.resolve("mini", "experiments", "sweep file")
 
 
 def run(
@@ -45,7 +41,8 @@ def run(
     ``{"returncode", "report": {name: path}, "seconds", "root"}`` (the report is written even
     when a run failed: its numbers show as missing)."""
     t0 = time.time()
-    module = sweep.load_module(sweep_file())
+    mini_file = sweep_file()
+    module = sweep.load_module(mini_file)
     if scale not in module.SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(module.SCALES)}")
     data_dir = str(data_dir or tasks_lib.default_data_dir())
@@ -54,9 +51,9 @@ def run(
     stdlib_suite.build_suite(data_dir, names=names, log=log)
     vocab = stdlib_suite.suite_vocab(data_dir, vocab_size, log=log)
     sets = [f"scale={scale}", f"data_dir={data_dir}", f"vocab={vocab.path}"]
-    mini = sweep.load_sweep(MINI, sets)
+    mini = sweep.load_sweep(mini_file, sets)
     root = Path(root).expanduser().absolute()
-    log(f"sweep {MINI.name} ({len(mini.runs)} runs, scale {scale}) under {root}")
+    log(f"sweep {mini_file.name} ({len(mini.runs)} runs, scale {scale}) under {root}")
     rc = runner.run_sweep(mini, root, jobs=jobs, log=log)
     written = report.write_report(mini, root)
     return {"returncode": rc, "report": written, "seconds": time.time() - t0, "root": str(root)}

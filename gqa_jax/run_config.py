@@ -1,7 +1,8 @@
 """Run configs: python files with ``get_config(variant)``, overridden by ``--config.a.b=value``.
 
-``load("configs/finetune.py:task=stdlib_docsum,model=tiny", ["--config.batch_size=8"])`` imports
-the file, calls ``get_config("task=stdlib_docsum,model=tiny")`` (``get_config()`` without a
+``load("configs/finetune.py:task=stdlib_docsum,model=tiny", ["--config.batch_size=8"])`` (or
+``load("finetune:task=...")``, the shipped configs/finetune.py from any directory) imports the file,
+calls ``get_config("task=stdlib_docsum,model=tiny")`` (``get_config()`` without a
 variant) and applies the overrides with ``ml_collections.config_flags`` on a fresh absl
 ``FlagValues``, as ``python -m gqa_jax train`` does: ``--config.a.b=value`` or
 ``--config.a.b value``, a bool also ``--config.flag`` / ``--noconfig.flag``, a tuple by
@@ -29,6 +30,8 @@ from absl import flags
 from ml_collections import config_flags
 from ml_collections.config_flags import config_path
 
+from gqa_jax import shipped
+
 _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
 
@@ -43,13 +46,20 @@ def load_module(file: str | os.PathLike) -> Any:
 
 
 def load_file(spec: str | os.PathLike) -> ml_collections.ConfigDict:
-    """``path.py[:variant]`` -> the file's ``get_config(variant)``."""
+    """``path.py[:variant]`` (a file) or ``name[:variant]`` (a shipped config, ``finetune:task=x``:
+    ``gqa_jax.shipped``) -> the file's ``get_config(variant)``."""
     spec = str(spec)
-    path, _, variant = spec.partition(".py:")
-    path = path + ".py" if _ else path
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(f"config file {file} does not exist (expected configs/<name>.py[:variant])")
+    if ".py" in spec:
+        path, _, variant = spec.partition(".py:")
+        file = Path(path + ".py" if _ else path).expanduser()
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"config file {file} does not exist (expected configs/<name>.py[:variant], or the name of a "
+                f"shipped config: {', '.join(shipped.names('configs'))})"
+            )
+    else:
+        name, _, variant = spec.partition(":")
+        file = shipped.resolve(name, "configs", "config")
     module = load_module(file)
     if not hasattr(module, "get_config"):
         raise ValueError(f"config file {file} has no get_config() function")

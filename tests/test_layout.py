@@ -158,3 +158,32 @@ def test_the_underscore_check_sees_both_forms(tmp_path):
 def test_no_module_over_500_lines():
     long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
+
+
+def test_the_readme_layout_names_every_module():
+    """README's layout block names every module of gqa_jax (a package's modules on the indented lines
+    after its entry) and nothing that is not there."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    listed: set[str] = set()
+    package = ""
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        words = line.split()
+        if not words:
+            continue
+        if indent == 2:  # an entry of gqa_jax/: a module or a package
+            package = words[0].rstrip("/") if words[0].endswith("/") else ""
+            listed.add(words[0].rstrip("/"))
+        if indent == 4 or (indent == 2 and package):  # a package's modules
+            for name in (w.strip(",();") for w in words):
+                if name.endswith(".py") and name != "__init__.py":
+                    listed.add(f"{package}/{name}")
+    tree = {
+        str(p.relative_to(PACKAGE).with_suffix(".py"))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    tree |= {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    assert tree - listed == set(), "in gqa_jax/ but not in README's layout"
+    assert listed - tree == set(), "in README's layout but not in gqa_jax/"

@@ -22,7 +22,7 @@ from gqa_jax import __main__ as cli
 from gqa_jax import checkpoints, metric_writers
 from gqa_jax.config import preset
 from gqa_jax.model import T5
-from gqa_jax.training import claim as claim_lib
+from gqa_jax.training import lock as lock_lib
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = str(REPO / "configs" / "pretrain.py")
@@ -121,7 +121,7 @@ def test_empty_file_and_unwritable_workdirs_are_one_line(capsys, small_vocab, tm
     def denied(file, record):  # a read-only workdir (the tests may run as root, who may write anywhere)
         raise PermissionError(errno.EACCES, "Permission denied", str(file))
 
-    monkeypatch.setattr(claim_lib, "_create", denied)
+    monkeypatch.setattr(lock_lib, "_create", denied)
     ro = tmp_path / "ro"
     ro.mkdir()
     (ro / "keep.txt").write_text("x")

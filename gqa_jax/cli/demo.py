@@ -29,8 +29,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scale",
         default="default",
-        help="default: 34 minutes measured on 2 CPU cores (the suite's build included); quick: a smoke run "
-        "of a few minutes; large: for a GPU or TPU host (experiments/mini.py has each scale's settings)",
+        help="default: the mini reproduction for a laptop CPU (its wall time: docs/experiments.md); quick: a "
+        "smoke run of a few minutes; large: for a GPU or TPU host (experiments/mini.py has each scale's "
+        "settings)",
     )
     p.add_argument(
         "--jobs", type=options.positive_int, default=2, help="runs at once (time runs run alone; default: 2)"

@@ -110,6 +110,11 @@ def write_json(result: Any, path: str | None) -> None:
 def add_sweep(p: argparse.ArgumentParser) -> None:
     """``SWEEP`` (experiments/<file>.py) and ``--set KEY=VALUE`` (repeatable), as `sweep` and
     `report` take them: the same --set gives the same sweep."""
-    p.add_argument("sweep_file", metavar="SWEEP", help="experiments/<file>.py")
+    p.add_argument(
+        "sweep_file",
+        metavar="SWEEP",
+        help="a sweep file (experiments/<file>.py), or the name of a shipped one (mini, table1, "
+        "fig4_conversion, fig5_alpha, fig6_groups): it works from any directory",
+    )
     sets = "a sweep parameter (its PARAMS) or a field of every run that has it; repeatable"
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=sets)

@@ -14,7 +14,10 @@ TAKES_EXTRA_ARGS = True
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--config", required=True, help="configs/<file>.py[:variant], e.g. configs/finetune.py:task=x"
+        "--config",
+        required=True,
+        help="configs/<file>.py[:variant], e.g. configs/finetune.py:task=x; or a shipped config's name "
+        "(pretrain, uptrain, finetune, base), e.g. finetune:task=x, from any directory",
     )
     p.add_argument("--workdir", required=True, help="run directory (an existing one is resumed)")
     p.set_defaults(extra=[])

@@ -45,9 +45,8 @@ UNK_ID = 2
 NUM_EXTRA_IDS = 100  # T5's <extra_id_0> .. <extra_id_99>
 VOCAB_MULTIPLE = 128  # vocab_size is padded to a multiple of this (32100 -> 32128 for T5)
 HASH_CHARS = 16  # hex characters of content_hash()
-# Lines train_vocab samples from a larger corpus. Measured at 8000 pieces on 2 CPU cores shared with
-# other jobs, 20 MB of Python (468k lines): 200k lines train in 31-53 s, all of them in 63-75 s;
-# characters per token on the whole corpus are the same (3.48).
+# Lines train_vocab samples from a larger corpus: the same characters per token as training on every
+# line, in less time (docs/data.md, "Vocabulary training").
 DEFAULT_MAX_SENTENCES = 200_000
 
 # SentencePiece trainer settings of train_vocab (recorded in the JSON sidecar of each model).
@@ -60,12 +59,11 @@ TRAINER_OPTIONS: dict[str, Any] = {
     "byte_fallback": True,  # a character outside the vocabulary becomes its UTF-8 bytes, never <unk>
     "normalization_rule_name": "identity",  # no NFKC: text comes back exactly as it went in
     "remove_extra_whitespaces": False,  # keep indentation and runs of spaces
-    # Let runs of spaces be pieces ("▁▁▁▁"): indentation is one token, not one per space. On the
-    # Python stdlib at 8000 pieces: 3.4 characters per token with, 2.0 without.
+    # Let runs of spaces be pieces ("▁▁▁▁"): indentation is one token, not one per space (docs/data.md).
     "allow_whitespace_only_pieces": True,
     "input_sentence_size": 0,  # train on every line given: train_vocab samples them itself
-    # Prune in fewer, larger steps with one EM pass each (SentencePiece's defaults: 0.75, 2):
-    # measured on the stdlib at 8000 pieces, about half the training time, the same characters per token.
+    # Prune in fewer, larger steps with one EM pass each (SentencePiece's defaults: 0.75, 2): faster,
+    # the same characters per token (docs/data.md, "Vocabulary training").
     "shrinking_factor": 0.5,
     "num_sub_iterations": 1,
 }

@@ -7,13 +7,9 @@ target lengths), so a run that leaves ``input_length`` / ``target_length`` unset
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from gqa_jax import conversion
-
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "configs"
+from gqa_jax import conversion, shipped
 
 # Fine-tuning, every task (section 3.1): constant learning rate, batch, dropout; the best dev
 # checkpoint is kept (the train loop keeps it and exports best_model/); decoding is greedy.
@@ -121,5 +117,6 @@ def table1_paper() -> dict[str, Any]:
 
 
 def config(name: str, variant: str = "") -> str:
-    """The path of ``configs/<name>.py`` (with ``:variant``), absolute: commands work from anywhere."""
-    return str(CONFIGS / f"{name}.py") + (f":{variant}" if variant else "")
+    """The path of the shipped ``configs/<name>.py`` (with ``:variant``), absolute: commands work
+    from anywhere."""
+    return str(shipped.folder("configs") / f"{name}.py") + (f":{variant}" if variant else "")

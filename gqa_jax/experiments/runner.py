@@ -11,8 +11,8 @@ kills the runs it is waiting for (a child gets SIGKILL when its parent dies, on 
 
 With ``jobs > 1`` a run starts as soon as its dependencies are done, in the sweep's order; a
 ``time`` run never shares the machine (nothing else runs while it does). Local runs share JAX's
-persistent compilation cache in ``ROOT/jax_cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set):
-measured on the mini's fine-tuning, a second seed's run took 24 s instead of 33.
+persistent compilation cache in ``ROOT/jax_cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so
+a run that compiles what an earlier one did starts sooner (docs/experiments.md, "The runner").
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gqa_jax import paths
-from gqa_jax.experiments.paper import REPO
+from gqa_jax import paths, shipped
 from gqa_jax.experiments.sweep import STAGES, Run, Sweep, command, order
 
 RUN_FILE = "run.json"
@@ -56,7 +55,7 @@ def full_command(run: Run, root: Path, launcher: str = "local", tpu: Sequence[st
     command behind ``scripts/launch_tpu.sh [TPU OPTIONS] --``."""
     argv = [sys.executable if launcher == "local" else "python", "-m", "gqa_jax", *command(run, root)]
     if launcher == "tpu":
-        return [str(REPO / "scripts" / "launch_tpu.sh"), *tpu, "--", *argv]
+        return [str(shipped.folder("scripts") / "launch_tpu.sh"), *tpu, "--", *argv]
     return argv
 
 
@@ -92,7 +91,12 @@ def _popen(argv: list[str], log_file: Any, env: dict[str, str]) -> subprocess.Po
         # calls nothing before (``_die_with_parent``: one prctl through a pointer looked up here).
         warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
         return subprocess.Popen(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=_die_with_parent
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=shipped.checkout(),
+            env=env,
+            preexec_fn=_die_with_parent,
         )
 
 

@@ -1,7 +1,8 @@
 """Sweeps as data: a sweep is a list of runs, each a stage of the paper's pipeline with its
 settings and the runs it depends on; ``commands`` turns a run into its exact command line.
 
-A sweep file (``experiments/<name>.py`` at the repository root) defines ``PARAMS`` (a dict of
+A sweep file (``experiments/<name>.py`` at the repository root, shipped with the package too:
+``sweep mini`` names it from any directory) defines ``PARAMS`` (a dict of
 the sweep's settings and their defaults, e.g. the T5.1.1 checkpoint to start from) and
 ``get_sweep(params) -> Sweep``; ``--set key=value`` on the command line changes a ``PARAMS``
 entry, or else the field of that name in every run that has it (``--set batch_size=8``); a key
@@ -29,6 +30,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from gqa_jax import shipped
 
 STAGES = ("pretrain", "convert", "uptrain", "finetune", "evaluate", "time")
 TRAIN_STAGES = ("pretrain", "uptrain", "finetune")
@@ -96,9 +99,10 @@ def load_module(file: Path) -> Any:
 
 def load_sweep(path: str | Path, sets: Sequence[str] = ()) -> Sweep:
     """The sweep of the file at ``path``, with ``--set key=value`` items applied (see the module
-    docstring). Unknown keys, a file without ``get_sweep`` / ``PARAMS`` and invalid sweeps are
-    ValueErrors naming the problem."""
-    file = Path(path)
+    docstring). ``path``: a sweep file, or the name of a shipped one (``mini``: ``gqa_jax.shipped``).
+    Unknown keys, a file without ``get_sweep`` / ``PARAMS`` and invalid sweeps are ValueErrors
+    naming the problem."""
+    file = shipped.resolve(str(path), "experiments", "sweep file")
     module = load_module(file)
     params = dict(module.PARAMS)
     field_sets: dict[str, Any] = {}

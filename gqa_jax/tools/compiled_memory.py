@@ -13,16 +13,15 @@ import numpy as np
 GIB = 2**30
 
 # XLA options on the CPU backend only.
-# - LLVM optimizations off: the plan never runs the executables (tiny train step on 2 cores:
-#   12 s instead of 18 s to compile; buffer sizes unchanged).
+# - LLVM optimizations off: the plan never runs the executables (faster compiles, the same buffer
+#   sizes: docs/sharding.md, "Memory plan").
 # - No while-loop invariant code motion: XLA:CPU has no bfloat16 matmul, so it computes every
 #   bfloat16 dot in float32, and this pass then hoists the float32 conversions of loop-invariant
 #   operands out of the decode loop: a float32 copy of every decoder weight and of the whole
 #   cross-attention K/V cache (twice its bytes) held for the whole loop, which a TPU or GPU (native
 #   bfloat16 matmuls) never makes. Without the pass the conversions stay per step, transient
-#   (tiny decode: temporaries 244 KB -> 125 KB). The train step has no loop (unless micro-batched).
-# Measured and not used: "xla_cpu_use_fusion_emitters": False halves the tiny train step's compile
-# (6 s) but doubled xxl's (464 s instead of 247 s).
+#   (docs/sharding.md). The train step has no loop (unless micro-batched).
+# Not used: "xla_cpu_use_fusion_emitters": False (faster for tiny models, slower at xxl: docs/sharding.md).
 CPU_COMPILE_OPTIONS: dict[str, Any] = {
     "xla_backend_optimization_level": 0,
     "xla_llvm_disable_expensive_passes": True,

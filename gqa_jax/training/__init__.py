@@ -2,7 +2,7 @@
 
 Floors inside the package: ``state`` (TrainState, Adafactor, schedules, shardings) <- ``step``
 (loss, ``make_train_step``) <- ``evaluation``, ``validate`` (config checks), ``workdir`` (its
-files, checkpoints, restarts), ``claim`` (the lock, undoing a failed start), ``stops`` (SIGINT /
+files, checkpoints, restarts), ``lock`` (the lock, undoing a failed start), ``stops`` (SIGINT /
 SIGTERM) <- ``loop`` (``train()``). The names below are the package's public API.
 """
 

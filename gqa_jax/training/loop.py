@@ -30,8 +30,8 @@ from gqa_jax.data import stdlib_suite
 from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.data import vocab as vocab_lib
 from gqa_jax.log import log
-from gqa_jax.training.claim import Claim
 from gqa_jax.training.evaluation import evaluate
+from gqa_jax.training.lock import WorkdirLock
 from gqa_jax.training.state import OptimizerConfig, create_state, make_optimizer, make_schedule
 from gqa_jax.training.step import make_train_step
 from gqa_jax.training.stops import Stopped, StopSignals
@@ -144,27 +144,27 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     A workdir with checkpoints resumes from the newest readable one (model, optimizer, data
     position, PRNG) and continues exactly as if never stopped. The run holds the workdir's lock
     while it trains (a second run is refused), stops cleanly on SIGINT / SIGTERM (``Stopped``), and
-    a start that fails before its first step leaves the workdir as it found it (``claim.Claim``).
+    a start that fails before its first step leaves the workdir as it found it (``lock.WorkdirLock``).
     """
     check_config(config)
     workdir = paths.resolve(workdir, "workdir")
     task = tasks_lib.get_task(config.task)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
-    claim = Claim(workdir)  # creates the workdir and takes its lock before anything is written
+    lock = WorkdirLock(workdir)  # creates the workdir and takes its lock before anything is written
     try:
         with StopSignals() as stops:
-            return _train(config, workdir, task, data_dir, vocab, claim, stops)
+            return _train(config, workdir, task, data_dir, vocab, lock, stops)
     except Stopped:
         raise  # a clean stop keeps everything: resume with the same command
     except Exception:
-        claim.rollback()  # only undoes a start that failed before its first step
+        lock.rollback()  # only undoes a start that failed before its first step
         raise
     finally:
-        claim.release()
+        lock.release()
 
 
-def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, claim: Claim,
+def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, lock: WorkdirLock,
            stops: StopSignals) -> dict[str, Any]:  # fmt: skip
     is_main = jax.process_index() == 0  # only process 0 writes logs, configs and reports
     check_workdir(workdir, config)
@@ -200,7 +200,7 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, clai
         if is_main:
             truncate_metrics(workdir, start)
     else:
-        refuse_or_set_aside(workdir, config, claim)  # an earlier run's metrics: never duplicated
+        refuse_or_set_aside(workdir, config, lock)  # an earlier run's metrics: never duplicated
         log(f"{workdir}: starting at step 0")
     if is_main:  # after the decision to run: a refused start leaves these files as they were
         write_config(workdir, config)
@@ -290,7 +290,7 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, clai
             state, m = step_fn(state, distributed.global_batch(batch, mesh))
             m = jax.device_get(m)
             done = step + 1
-            claim.committed = True  # the run has started: a later failure keeps what it wrote
+            lock.committed = True  # the run has started: a later failure keeps what it wrote
             if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
                 stop_on_nan(workdir, done, m, batch, manager.latest_step())
             input_tokens = float(np.sum(batch["encoder_input_tokens"] != 0)) * slice_count  # ~ all rows
@@ -334,7 +334,7 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, clai
             if best_params is not None:
                 checkpoints.save(nnx.merge(graphdef, best_params), workdir / "best_model", overwrite=True)
             (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        claim.committed = True
+        lock.committed = True
         return summary
     finally:
         bar.close()

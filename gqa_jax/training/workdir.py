@@ -14,7 +14,7 @@ Layout:
   best_model/          fine-tuning: the checkpoint with the best dev score, as a gqa_jax checkpoint
   summary.json         final step, best evaluation step and score
   nan_step_<n>.json    written when a loss goes NaN/inf: the batch's statistics
-  lock.json            held while a run trains (gqa_jax.training.claim)
+  lock.json            held while a run trains (gqa_jax.training.lock)
   corrupt_checkpoints/<step>-<time>/  checkpoints that could not be restored, moved aside
   previous/<time>/     an earlier run's metrics, decodes and exports, moved aside by
                        ``restart_from_scratch`` (see ``refuse_or_set_aside``)
@@ -138,7 +138,7 @@ def check_workdir(workdir: Any, config: Any) -> None:
         )
 
 
-def refuse_or_set_aside(workdir: Any, config: Any, claim: Any) -> None:
+def refuse_or_set_aside(workdir: Any, config: Any, lock: Any) -> None:
     """A start from step 0 in a workdir that holds an earlier run's metrics or exports (killed
     before its first checkpoint, or with every checkpoint unreadable): refused unless
     ``config.restart_from_scratch``, which moves them to ``previous/<time>/`` (never duplicated
@@ -162,7 +162,7 @@ def refuse_or_set_aside(workdir: Any, config: Any, claim: Any) -> None:
             break
         dest = workdir / "previous" / f"{stamp}-{n}"
     for path in found:
-        claim.move_aside(path, dest / path.name)
+        lock.move_aside(path, dest / path.name)
     log(f"restart_from_scratch: moved the earlier run's {names} to {dest}; starting at step 0")
 
 

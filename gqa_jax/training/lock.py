@@ -10,7 +10,7 @@ process 0, and every process learns whether it got the lock. On a local disk the
 created atomically (``O_EXCL``); on gs:// it is checked and then written (an object store has no
 exclusive create here), so two starts within the same second could both pass.
 
-``Claim`` remembers what the workdir held when the run started. A start that fails before its
+``WorkdirLock`` also remembers what the workdir held when the run started. A start that fails before its
 first step (a bad checkpoint, out of memory while compiling, a data error) is undone: the files
 and directories this start created are removed, the metrics it moved aside are moved back, the
 config.json it replaced is restored and a workdir it created is removed again, so the corrected
@@ -204,7 +204,7 @@ def _names(directory: Any) -> set[str]:
     return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
 
 
-class Claim:
+class WorkdirLock:
     """The workdir as this start found it; ``rollback()`` puts it back (process 0 writes)."""
 
     def __init__(self, workdir: Any) -> None:
@@ -216,9 +216,9 @@ class Claim:
         if self.is_main:
             workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self.lock = _lock_workdir(workdir)
+            self.held = _lock_workdir(workdir)
         except BaseException:
-            self.lock, self.committed = None, False
+            self.held, self.committed = None, False
             self.release()  # a workdir made just now is removed again
             raise
         self.before = _names(workdir)
@@ -258,8 +258,8 @@ class Claim:
 
     def release(self) -> None:
         """Drop the lock; a workdir this start created and left empty is removed."""
-        if self.lock is not None:
-            self.lock.release()
+        if self.held is not None:
+            self.held.release()
         if self.is_main and self.created and not self.committed and self.workdir.is_dir():
             if not any(self.workdir.iterdir()):
                 self.workdir.rmdir()

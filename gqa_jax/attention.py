@@ -8,11 +8,12 @@ Query head ``n`` belongs to group ``n // G`` and reads K/V head ``n // G`` (cont
 as in the paper). K/V are never repeated to N heads: queries are regrouped to
 ``[B, K, M, H]`` with ``M = G * T`` rows per K/V head and contract against ``[B, K, S, H]``
 directly, so a decode step reads K/N of the MHA key/value bytes. K/V are laid out
-``[B, K, S, H]`` (the KV-cache layout), which measured faster than ``[B, S, K, H]`` for decode
-on CPU (docs/decoding.md). One decoded position on one CPU device may take the group's
-heads one at a time instead (``cpu_step.attention_by_head``). A quantized cache
-(``kv_quant.QuantizedKV``) enters the same products: the keys' scales multiply the logits and the
-values' scales the probabilities (``gqa_jax.kv_quant``).
+``[B, K, S, H]`` (the KV-cache layout), measured faster than ``[B, S, K, H]`` for decode on CPU
+(docs/decoding.md, "Where it stands"). With ``cpu_fast`` (static, off by default; a CPU decode
+loop's step turns it on) one decoded position takes the group's heads one at a time instead
+(``cpu_step.attention_by_head``) and the projections are taken out-major (``layers.project``).
+A quantized cache (``kv_quant.QuantizedKV``) enters the same products: the keys' scales multiply
+the logits and the values' scales the probabilities (``gqa_jax.kv_quant``).
 
 T5 rule: logits are NOT scaled by 1/sqrt(H); T5 folds that factor into the query initializer.
 """
@@ -44,6 +45,7 @@ def grouped_attention(
     mask: Array | None = None,
     dropout_rate: float = 0.0,
     rngs: nnx.Rngs | None = None,
+    cpu_fast: bool = False,
 ) -> Array:
     """Attention of N query heads over K shared K/V heads.
 
@@ -52,6 +54,9 @@ def grouped_attention(
       k, v: ``[B, K, S, H]`` keys and values, ``N % K == 0``; or quantized (``kv_quant``).
       bias: ``[N, T, S]`` (or ``[B, N, T, S]``) additive logit bias, per QUERY head.
       mask: boolean, broadcastable to ``[B, T, S]``; False hides the key.
+      cpu_fast: the CPU decode fast path (static): one query position with 1 < G <=
+        ``cpu_step.STEP_MAX_GROUP`` and no dropout is taken head by head
+        (``cpu_step.by_head``); the same numbers to float rounding.
     Returns:
       ``[B, T, N, H]``.
     """
@@ -62,13 +67,13 @@ def grouped_attention(
     G = N // K
     k, k_scale = kv_quant.split(k, q.dtype)  # scales [B, K, 1, S] of a quantized cache, else None
     v, v_scale = kv_quant.split(v, q.dtype)
-    if cpu_step.by_head(T, G, dropout=rngs is not None and dropout_rate > 0.0):
+    if cpu_step.by_head(T, G, dropout=rngs is not None and dropout_rate > 0.0, cpu_fast=cpu_fast):
         return cpu_step.attention_by_head(
             q, k, v, bias=bias, mask=mask, mask_value=MASK_VALUE, k_scale=k_scale, v_scale=v_scale
         )
     # Query head n = (n // G, n % G). A group's G heads and T positions become M = G * T rows
-    # (row m = g * T + t) of one [M, H] x [H, S] product per (batch, K/V head): plain 4-D
-    # einsums, measured 1.5-2x faster on CPU than contracting [B, T, K, G, H] directly.
+    # (row m = g * T + t) of one [M, H] x [H, S] product per (batch, K/V head): plain 4-D einsums,
+    # measured faster on CPU than contracting [B, T, K, G, H] (docs/decoding.md, "Where it stands").
     qm = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, M, H]
     logits = jnp.einsum("BKMH,BKSH->BKMS", qm, k, preferred_element_type=jnp.float32)
     if k_scale is not None:  # q . (s k) = s (q . k): a key's scale multiplies its logits
@@ -104,9 +109,9 @@ class Attention(nnx.Module):
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
 
-    def project_q(self, x: Array) -> Array:
-        """``[B, T, D]`` -> ``[B, T, N, H]``."""
-        q = project("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype))
+    def project_q(self, x: Array, *, cpu_fast: bool = False) -> Array:
+        """``[B, T, D]`` -> ``[B, T, N, H]`` (``cpu_fast``: as ``layers.project``)."""
+        q = project("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype), cpu_fast=cpu_fast)
         return constrain(q, "queries")
 
     def project_kv(self, x: Array) -> tuple[Array, Array]:
@@ -115,12 +120,13 @@ class Attention(nnx.Module):
         v = project("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
         return constrain(k, "kv"), constrain(v, "kv")
 
-    def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
+    def project_qkv(self, x: Array, *, cpu_fast: bool = False) -> tuple[Array, Array, Array]:
         """Self-attention ``[B, T, D]`` -> queries ``[B, T, N, H]``, keys and values ``[B, K, T, H]``
-        (in a CPU decode step one out-major product over the three weights stacked)."""
+        (with ``cpu_fast`` one out-major product over the three weights stacked)."""
         dt = self.dtype
         w = [self.query[...].astype(dt), self.key[...].astype(dt), self.value[...].astype(dt)]
-        q, k, v = project_many(["BTD,DNH->BTNH", "BTD,DKH->BKTH", "BTD,DKH->BKTH"], x, w)
+        specs = ["BTD,DNH->BTNH", "BTD,DKH->BKTH", "BTD,DKH->BKTH"]
+        q, k, v = project_many(specs, x, w, cpu_fast=cpu_fast)
         return constrain(q, "queries"), constrain(k, "kv"), constrain(v, "kv")
 
     def attend(
@@ -132,10 +138,15 @@ class Attention(nnx.Module):
         bias: Array | None = None,
         mask: Array | None = None,
         rngs: nnx.Rngs | None = None,
+        cpu_fast: bool = False,
     ) -> Array:
-        """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
-        o = grouped_attention(q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs)
-        return constrain(project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype)), "hidden")
+        """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``
+        (``cpu_fast``: the CPU decode fast path of ``grouped_attention`` and ``layers.project``)."""
+        o = grouped_attention(
+            q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs, cpu_fast=cpu_fast
+        )
+        out = project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype), cpu_fast=cpu_fast)
+        return constrain(out, "hidden")
 
     def __call__(
         self,

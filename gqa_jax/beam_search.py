@@ -6,7 +6,8 @@ The input is encoded once per row and its cache repeated for the row's ``W`` bea
 scores ``2W`` candidates per row, keeps the best ``W`` finished and the best ``W`` alive
 hypotheses, and reorders the beams' self-attention caches (cross K/V are the same across a row's
 beams). Scores are ``log p / ((5 + length) / 6) ** alpha``. Inputs, placement on a mesh and the
-CPU fast path are those of ``gqa_jax.decoding``.
+CPU fast path (the static ``cpu_fast_path``, set on the host from ``cpu_step.use_for(mesh)``) are
+those of ``gqa_jax.decoding``.
 """
 
 from __future__ import annotations
@@ -50,29 +51,39 @@ def _gather_beams(x: Array, beams: Array) -> Array:
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "cache_dtype", "mesh", "rules"
+        "graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "cache_dtype", "cpu_fast_path",
+        "mesh", "rules",
     ),
 )  # fmt: skip
 def _beam_loop(
     graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, cache_dtype=None,
-    mesh=None, rules=None,
+    cpu_fast_path=False, mesh=None, rules=None,
 ):  # fmt: skip
     with decoding.mesh_context(mesh, rules):
         return _beam_body(
             graphdef, params, encoder_input_ids,
             max_decode_len=max_decode_len, beam_size=beam_size, alpha=alpha, eos_id=eos_id,
-            cache_dtype=cache_dtype, fast_steps=cpu_step.use_for(mesh),
+            cache_dtype=cache_dtype, cpu_fast_path=cpu_fast_path,
         )  # fmt: skip
 
 
 def _beam_body(
-    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, cache_dtype, fast_steps
+    graphdef,
+    params,
+    encoder_input_ids,
+    *,
+    max_decode_len,
+    beam_size,
+    alpha,
+    eos_id,
+    cache_dtype,
+    cpu_fast_path,
 ):
     model = nnx.merge(graphdef, params)
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
     # encode B rows once, then repeat the cache for W beams per row
     cache = decoding.prefill(
-        model, encoder_input_ids, max_decode_len, chunked=fast_steps, cache_dtype=cache_dtype
+        model, encoder_input_ids, max_decode_len, chunked=cpu_fast_path, cache_dtype=cache_dtype
     )
     cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)
     cache = cache.replace(
@@ -98,8 +109,8 @@ def _beam_body(
         last = jnp.where(
             t == 0, DECODER_START_ID, jax.lax.dynamic_index_in_dim(s.alive_seqs, t - 1, 2, False)
         )
-        with cpu_step.step(fast_steps):
-            logits, cache = model.decode_cached(last.reshape(B * W, 1), s.cache)  # [B * W, 1, V]
+        feed = last.reshape(B * W, 1)
+        logits, cache = model.decode_cached(feed, s.cache, cpu_fast=cpu_fast_path)  # [B * W, 1, V]
         logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, V)
         cand = (s.alive_logp[:, :, None] + logp).reshape(B, W * V)
         # 2W candidates: at most W of them end in EOS, so W can stay alive.
@@ -186,6 +197,7 @@ def beam_search(
         alpha=float(alpha),
         eos_id=int(eos_id),
         cache_dtype=cache_dtype,
+        cpu_fast_path=cpu_step.use_for(mesh),
         mesh=mesh,
         rules=sharding_lib.rules_key(rules),
     )

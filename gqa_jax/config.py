@@ -201,7 +201,11 @@ class DecodeConfig:
     """The static settings of a compiled decode loop (hashable: ``jax.jit`` compiles once per
     value). ``greedy=False`` samples at the loop's traced temperature, restricted to the top
     ``top_k`` tokens (0: all) and the ``top_p`` nucleus; ``return_logits`` keeps every step's;
-    ``cache_dtype`` (None: the model's dtype) is the KV cache's (``gqa_jax.kv_quant``)."""
+    ``cache_dtype`` (None: the model's dtype) is the KV cache's (``gqa_jax.kv_quant``).
+    ``cpu_fast_path``: the loop takes the CPU decode fast path (``gqa_jax.cpu_step``: chunked
+    prefill, and every step traced with ``cpu_fast=True``). ``greedy_decode`` / ``sample_decode``
+    set it from ``cpu_step.use_for(mesh)`` (the CPU backend, one device); the default False, for a
+    caller that builds the config itself, keeps the plain einsums of any backend."""
 
     max_decode_len: int
     eos_id: int = 1
@@ -210,3 +214,4 @@ class DecodeConfig:
     top_p: float = 1.0
     return_logits: bool = False
     cache_dtype: str | None = None
+    cpu_fast_path: bool = False

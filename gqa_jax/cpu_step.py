@@ -3,39 +3,35 @@
 Letters: ``B`` batch, ``T`` query length, ``S`` key/value length, ``N`` query heads, ``K`` K/V
 heads, ``G = N // K``, ``H`` head dim.
 
-The decode loops (``decoding.decode_loop``, ``beam_search``) ask :func:`use_for` once per
-compile, and that is the one dispatch point: on one CPU device the prefill encodes in row
-chunks (:func:`encode_chunk_rows`) and the loop's step is traced inside :func:`step`, where
-``layers.project_many`` takes few-row weight products out-major (:func:`out_major_products`)
-and ``attention.grouped_attention`` takes one query position a query head at a time
-(:func:`attention_by_head`). Training, the encoder, ``decode_step`` called alone, meshes over
-several devices and GPUs / TPUs never enter it and keep the plain einsums. The results equal the
-plain path's to float rounding (same sums, another order; the tokens are identical in the tests).
+The fast path is an explicit, static option. A decode loop's ``DecodeConfig.cpu_fast_path`` says
+whether it is taken; ``greedy_decode`` / ``sample_decode`` / ``beam_search`` set it on the host
+from :func:`use_for` (the CPU backend and a single device) before calling the jitted loop. With it
+on, the prefill encodes in row chunks (:func:`encode_chunk_rows`), and the loop's step passes
+``cpu_fast=True`` down ``T5.decode_cached``: ``layers.project_many`` then takes few-row weight
+products out-major (:func:`out_major_products`) and ``attention.grouped_attention`` takes one
+query position a query head at a time (:func:`attention_by_head`, chosen by :func:`by_head`).
+Every ``cpu_fast`` defaults to False, the plain einsums: training, the encoder, ``decode_step``
+called alone, meshes over several devices and GPUs / TPUs keep them. The results equal the plain
+path's to float rounding (same sums, another order; the tokens are identical in the tests).
 
-Why, measured on the 2-core development VM (t5-small shape, batch 8, input 512, float32; the
-numbers and the tools that took them are in docs/decoding.md):
+What each part does (each measured faster on the CPU: docs/decoding.md, "The CPU fast path"):
 
-- Out-major weight products. A decode step reads every weight once for 8 rows. XLA:CPU reads a
-  weight stored ``[in, out]`` at 4-5 GB/s in such a product, the same weight transposed to
-  ``[out, in]`` and contracted as ``W @ X.T`` at 10-18 GB/s (the output layer: 14 -> 7 ms). The
+- Out-major weight products. A decode step reads every weight once for a few rows. The weight,
+  stored ``[in, out]``, is transposed to ``[out, in]`` and contracted as ``W @ X.T``. The
   transpose (and the stacking of q/k/v and of the MLP's two input matrices into one matrix) sits
   behind an ``optimization_barrier`` so XLA does not fold it back into the dot; it is
   loop-invariant, so XLA hoists it out of the ``while_loop`` and it happens once per decode.
-- Grouped attention of one position, head by head. XLA:CPU sends a batched product with G = 2..6
-  query rows per K/V head to YNNPACK, which read the cross-attention cache at 3-4 GB/s; one-row
-  products read at 10-14 GB/s. Taking the group's heads one at a time reads each K/V block G times
-  (the later reads hit the caches) and is faster: GQA-3 4.33 -> 3.91 s end to end (MHA, G = 1,
-  keeps its path; groups over ``STEP_MAX_GROUP`` heads keep one product: the graph would grow).
+- Grouped attention of one position, head by head. Instead of one batched product with G query
+  rows per K/V head, the group's heads are taken one at a time: G one-row products per K/V head,
+  reading each K/V block G times (the later reads hit the CPU caches). MHA (G = 1) keeps its
+  path; groups over ``STEP_MAX_GROUP`` heads keep one product (the graph would grow).
 - Chunked prefill. Encoding a few rows at a time keeps a chunk's activations and ``[N, S, S]``
-  logits in the CPU caches: 8 x 512 tokens 2.10 -> 1.84 s, 32 x 128: 1.76 -> 1.58 s, 8 x 1024:
-  6.55 -> 5.15 s (T5-small encoder).
+  logits in the CPU caches through a layer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 from typing import Any
 
 import jax
@@ -48,30 +44,13 @@ STEP_MIN_WEIGHT = 1 << 16  # elements: smaller weights sit in the CPU caches, la
 STEP_MAX_GROUP = 8  # query heads per group taken one by one (MQA at xxl, G = 64, keeps one product)
 ENCODE_CHUNK_TOKENS = 1024  # tokens per chunk of the chunked prefill
 
-_STATE = threading.local()
-
 
 def use_for(mesh: Any) -> bool:
-    """Whether a decode loop on ``mesh`` (None: no mesh) takes the CPU fast path: the CPU backend
-    and a single device."""
+    """Whether a decode loop on ``mesh`` (None: no mesh) should take the CPU fast path: the CPU
+    backend and a single device. Asked on the host, once per call, by the decode entry points;
+    the answer is the loop's static ``DecodeConfig.cpu_fast_path``."""
     one_device = mesh is None or mesh.devices.size == 1
     return one_device and jax.default_backend() == "cpu"
-
-
-@contextlib.contextmanager
-def step(enabled: bool = True):
-    """Trace a decode step with the fast path on (``enabled``) or off."""
-    before = getattr(_STATE, "on", False)
-    _STATE.on = enabled
-    try:
-        yield
-    finally:
-        _STATE.on = before
-
-
-def active() -> bool:
-    """Whether a trace runs inside :func:`step` (a CPU decode loop's step)."""
-    return getattr(_STATE, "on", False)
 
 
 def encode_chunk_rows(batch: int, input_len: int) -> int:
@@ -122,11 +101,11 @@ def out_major_products(specs: list[str], x: Array, ws: list[Array]) -> list[Arra
     return outs
 
 
-def by_head(T: int, G: int, dropout: bool) -> bool:
+def by_head(T: int, G: int, *, dropout: bool, cpu_fast: bool) -> bool:
     """Whether grouped attention of ``T`` query positions with ``G`` heads per group is taken
-    head by head (:func:`attention_by_head`): inside :func:`step`, one position, 1 < G <=
-    ``STEP_MAX_GROUP``, no attention dropout."""
-    return active() and T == 1 and 1 < G <= STEP_MAX_GROUP and not dropout
+    head by head (:func:`attention_by_head`): the fast path asked for (``cpu_fast``), one
+    position, 1 < G <= ``STEP_MAX_GROUP``, no attention dropout."""
+    return cpu_fast and T == 1 and 1 < G <= STEP_MAX_GROUP and not dropout
 
 
 def attention_by_head(
@@ -141,9 +120,9 @@ def attention_by_head(
     v_scale: Array | None = None,
 ) -> Array:
     """Grouped attention of one query position (``q [B, 1, N, H]`` over ``k, v [B, K, S, H]``),
-        one query head of each group at a time: G products ``[B, K, H] x [B, K, S, H]`` instead of
-        one with G rows per K/V head. ``bias [..., N, 1, S]``, ``mask`` broadcastable to
-        ``[B, 1, S]``; masked logits are ``mask_value``; a quantized cache's ``k_scale`` / ``v_scale``
+    one query head of each group at a time: G products ``[B, K, H] x [B, K, S, H]`` instead of
+    one with G rows per K/V head. ``bias [..., N, 1, S]``, ``mask`` broadcastable to
+    ``[B, 1, S]``; masked logits are ``mask_value``; a quantized cache's ``k_scale`` / ``v_scale``
     ``[B, K, 1, S]`` multiply the logits / probabilities. Returns ``[B, 1, N, H]``."""
     B, _, N, H = q.shape
     K, S = k.shape[1], k.shape[2]

@@ -11,6 +11,10 @@ Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = ma
   ``decode_step`` in a ``lax.while_loop``; ``greedy_decode`` / ``sample_decode`` check the inputs
   on the host and call it. The decoder starts from the pad id 0, rows that emitted EOS keep emitting pad,
   and the loop stops as soon as every row is done.
+- The CPU decode fast path (``gqa_jax.cpu_step``) is the static ``DecodeConfig.cpu_fast_path``:
+  ``greedy_decode`` / ``sample_decode`` (and ``beam_search``) set it on the host from
+  ``cpu_step.use_for(mesh)``; the loop then chunks the prefill and runs
+  ``decode_step(..., cpu_fast=True)``. ``decode_step`` alone defaults to the plain einsums.
 - ``uncached_greedy_decode`` re-runs the whole teacher-forced decoder each step: the reference
   for tests and the "without cache" row of the benchmark.
 - Beam search is in ``gqa_jax.beam_search``, over the same step and plumbing.
@@ -169,11 +173,11 @@ def prefill(
     """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``,
     in ``cache_dtype`` (None: the model's dtype; int8 / fp8: quantized, ``gqa_jax.kv_quant``).
 
-    ``chunked`` (the CPU loops): encode a few rows at a time (``lax.map`` over chunks of at most
-    ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens, ``cpu_step.encode_chunk_rows``), so a chunk's activations and
-    ``[N, S, S]`` attention logits stay in the CPU caches through a layer instead of the whole
-    batch's streaming through memory at every op. The numbers agree with the batched encoder to
-    float32 rounding (products of other shapes sum in another order)."""
+    ``chunked`` (the CPU fast path of the loops): encode a few rows at a time (``lax.map`` over
+    chunks of at most ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens, ``cpu_step.encode_chunk_rows``), so
+    a chunk's activations and ``[N, S, S]`` attention logits stay in the CPU caches through a layer
+    instead of the whole batch's streaming through memory at every op. The numbers agree with the
+    batched encoder to float32 rounding (products of other shapes sum in another order)."""
     config = model.config
     B, S = encoder_input_ids.shape
     rows = cpu_step.encode_chunk_rows(B, S) if chunked else B
@@ -243,10 +247,12 @@ def decode_step(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    cpu_fast: bool = False,
 ) -> DecodeState:
-    """One token for every row. Pure: returns a new state; jittable alone."""
+    """One token for every row. Pure: returns a new state; jittable alone. ``cpu_fast`` (static):
+    the CPU decode fast path for the step's products (``T5.decode_cached``); off by default."""
     kvcache.check_cache(model.config, state.cache)
-    logits, cache = model.decode_cached(state.last[:, None], state.cache)  # [B, 1, V]
+    logits, cache = model.decode_cached(state.last[:, None], state.cache, cpu_fast=cpu_fast)  # [B, 1, V]
     logits = logits[:, 0]
     key, sub = jax.random.split(state.key)
     token = choose_tokens(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -282,27 +288,32 @@ def decode_loop(
     """The compiled greedy / sampling loop, prefill included: ``temperature`` is traced (no
     recompile per value); ``config`` (a frozen ``DecodeConfig``), ``mesh`` and ``rules`` (as
     ``sharding.rules_key`` gives them) are static. With a ``mesh`` the trace runs under its
-    activation sharding (cache sharded by the rules). On one CPU device it takes the CPU fast
-    path (``cpu_step``). ``greedy_decode`` / ``sample_decode`` check inputs and call this; call it
-    directly to ``.lower()`` the loop (``plan``, the benchmarks)."""
-    fast = cpu_step.use_for(mesh)
+    activation sharding (cache sharded by the rules). ``config.cpu_fast_path`` chooses the CPU
+    fast path (chunked prefill, ``decode_step(..., cpu_fast=True)``). ``greedy_decode`` /
+    ``sample_decode`` check inputs, set ``cpu_fast_path`` from ``cpu_step.use_for(mesh)`` and
+    call this; call it directly to ``.lower()`` the loop (``plan``, the benchmarks), setting
+    ``cpu_fast_path`` as they do (its default False is the plain path)."""
     with mesh_context(mesh, rules):
         model = nnx.merge(graphdef, params)
         cache = prefill(
-            model, encoder_input_ids, config.max_decode_len, chunked=fast, cache_dtype=config.cache_dtype
+            model,
+            encoder_input_ids,
+            config.max_decode_len,
+            chunked=config.cpu_fast_path,
+            cache_dtype=config.cache_dtype,
         )
         state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
 
         def step(s: DecodeState) -> DecodeState:
-            with cpu_step.step(fast):
-                return decode_step(
-                    model,
-                    s,
-                    eos_id=config.eos_id,
-                    temperature=0.0 if config.greedy else temperature,
-                    top_k=config.top_k,
-                    top_p=config.top_p,
-                )
+            return decode_step(
+                model,
+                s,
+                eos_id=config.eos_id,
+                temperature=0.0 if config.greedy else temperature,
+                top_k=config.top_k,
+                top_p=config.top_p,
+                cpu_fast=config.cpu_fast_path,
+            )
 
         def running(s: DecodeState) -> Array:
             return (s.step < config.max_decode_len) & ~jnp.all(s.done)
@@ -405,6 +416,7 @@ def sample_decode(
         top_p=float(top_p),
         return_logits=return_logits,
         cache_dtype=cache_dtype,
+        cpu_fast_path=cpu_step.use_for(mesh),
     )
     state = decode_loop(
         graphdef,

@@ -28,16 +28,17 @@ def fan_in_init(fan_in: int, scale: float = 1.0):
 
 
 # ------------------------------------------------------------------ weight products
-def project(spec: str, x: Array, w: Array) -> Array:
-    """``jnp.einsum(spec, x, w)`` for an activation ``x`` and a weight ``w``; in a CPU decode step
-    (``cpu_step.step``) a few-row product is taken out-major (``cpu_step.out_major_products``)."""
-    return project_many([spec], x, [w])[0]
+def project(spec: str, x: Array, w: Array, *, cpu_fast: bool = False) -> Array:
+    """``jnp.einsum(spec, x, w)`` for an activation ``x`` and a weight ``w``; with ``cpu_fast``
+    (a CPU decode loop's step) a few-row product is taken out-major
+    (``cpu_step.out_major_products``)."""
+    return project_many([spec], x, [w], cpu_fast=cpu_fast)[0]
 
 
-def project_many(specs: list[str], x: Array, ws: list[Array]) -> list[Array]:
-    """``[project(spec, x, w) ...]`` for several weights applied to the same ``x``; in a CPU decode
-    step the weights are stacked into one out-major product."""
-    if cpu_step.active():
+def project_many(specs: list[str], x: Array, ws: list[Array], *, cpu_fast: bool = False) -> list[Array]:
+    """``[project(spec, x, w) ...]`` for several weights applied to the same ``x``; with
+    ``cpu_fast`` the weights are stacked into one out-major product (where it applies)."""
+    if cpu_fast:
         out = cpu_step.out_major_products(specs, x, ws)
         if out is not None:
             return out
@@ -84,9 +85,9 @@ class Embed(nnx.Module):
         """``ids [B, T]`` -> ``[B, T, D]``."""
         return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
 
-    def attend(self, x: Array) -> Array:
-        """Tied logits: ``[B, T, D] x [V, D] -> [B, T, V]``."""
-        return project("BTD,VD->BTV", x, self.embedding[...].astype(self.dtype))
+    def attend(self, x: Array, *, cpu_fast: bool = False) -> Array:
+        """Tied logits: ``[B, T, D] x [V, D] -> [B, T, V]`` (``cpu_fast``: as ``project``)."""
+        return project("BTD,VD->BTV", x, self.embedding[...].astype(self.dtype), cpu_fast=cpu_fast)
 
 
 class MLP(nnx.Module):
@@ -103,18 +104,19 @@ class MLP(nnx.Module):
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
 
-    def __call__(self, x: Array, rngs: nnx.Rngs | None = None) -> Array:
-        """``x [B, T, D]`` -> ``[B, T, D]``."""
+    def __call__(self, x: Array, rngs: nnx.Rngs | None = None, *, cpu_fast: bool = False) -> Array:
+        """``x [B, T, D]`` -> ``[B, T, D]`` (``cpu_fast``: the products as ``project``'s)."""
         if self.gated:
             w = [self.wi_0[...].astype(self.dtype), self.wi_1[...].astype(self.dtype)]
-            h, gate = project_many(["BTD,DF->BTF"] * 2, x, w)
+            h, gate = project_many(["BTD,DF->BTF"] * 2, x, w, cpu_fast=cpu_fast)
             # T5.1.1 (and HF's "gelu_new") use the tanh approximation of GELU.
             h = jax.nn.gelu(h, approximate=True) * gate
         else:
-            h = project("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype))
+            h = project("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype), cpu_fast=cpu_fast)
             h = jax.nn.relu(h)
         h = dropout(constrain(h, "mlp"), self.rate, rngs)
-        return constrain(project("BTF,FD->BTD", h, self.wo[...].astype(self.dtype)), "hidden")
+        out = project("BTF,FD->BTD", h, self.wo[...].astype(self.dtype), cpu_fast=cpu_fast)
+        return constrain(out, "hidden")
 
 
 def relative_position_bucket(

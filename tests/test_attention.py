@@ -1,5 +1,7 @@
 """Grouped attention: K = N is MHA, GQA/MQA equal a repeat-K/V reference, contiguous groups."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,23 +112,63 @@ def test_attention_module_shapes_and_errors():
         grouped_attention(jnp.ones((1, 1, 8, 2)), jnp.ones((1, 3, 1, 2)), jnp.ones((1, 3, 1, 2)))
 
 
-@pytest.mark.parametrize("num_heads, num_kv", [(6, 3), (6, 2), (6, 1), (16, 1)])
-def test_a_cpu_decode_step_takes_the_group_head_by_head_with_the_same_result(num_heads, num_kv):
-    """Inside ``cpu_step.step`` one query position is attended one query head of each group at a
-    time (2 products per head, up to STEP_MAX_GROUP heads per group); the numbers are those of
-    the one-product path, with a per-row bias [B, N, 1, S] and a key mask [B, 1, S]."""
-    from gqa_jax import cpu_step
-
-    r = np.random.default_rng(num_heads + num_kv)
-    B, S, H, G = 3, 10, 8, num_heads // num_kv
+def step_inputs(num_heads, num_kv, seed):
+    """One decoded position: q [B, 1, N, H], k / v [B, K, S, H], a per-row bias [B, N, 1, S] and a
+    key mask [B, 1, S]."""
+    r = np.random.default_rng(seed)
+    B, S, H = 3, 10, 8
     q = jnp.asarray(r.standard_normal((B, 1, num_heads, H)), jnp.float32)
     k, v = (jnp.asarray(r.standard_normal((B, num_kv, S, H)), jnp.float32) for _ in range(2))
     bias = jnp.asarray(r.standard_normal((B, num_heads, 1, S)), jnp.float32)
     mask = jnp.asarray(r.random((B, 1, S)) < 0.7).at[:, :, 0].set(True)
+    return q, k, v, bias, mask
+
+
+@pytest.mark.parametrize("num_heads, num_kv", [(6, 3), (6, 2), (6, 1), (16, 1)])
+def test_a_cpu_decode_step_takes_the_group_head_by_head_with_the_same_result(num_heads, num_kv):
+    """With ``cpu_fast=True`` one query position is attended one query head of each group at a
+    time (2 products per head, up to STEP_MAX_GROUP heads per group); the numbers are those of
+    the one-product path, with a per-row bias [B, N, 1, S] and a key mask [B, 1, S]."""
+    from gqa_jax import cpu_step
+
+    G = num_heads // num_kv
+    q, k, v, bias, mask = step_inputs(num_heads, num_kv, num_heads + num_kv)
     ref = grouped_attention(q, k, v, bias=bias, mask=mask)
-    with cpu_step.step():
-        got = grouped_attention(q, k, v, bias=bias, mask=mask)
-        jaxpr = str(jax.make_jaxpr(lambda *a: grouped_attention(*a, bias=bias, mask=mask))(q, k, v))
+    got = grouped_attention(q, k, v, bias=bias, mask=mask, cpu_fast=True)
+    jaxpr = str(
+        jax.make_jaxpr(lambda *a: grouped_attention(*a, bias=bias, mask=mask, cpu_fast=True))(q, k, v)
+    )
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-6)
     split = G <= cpu_step.STEP_MAX_GROUP
     assert jaxpr.count("dot_general") == (2 * G if split else 2)
+
+
+def test_the_cpu_fast_path_is_an_explicit_static_argument(monkeypatch):
+    """``cpu_fast`` alone chooses the head-by-head path (no thread-local or context left in
+    ``cpu_step``): on, ``attention_by_head`` is traced once and gives the plain numbers to float
+    rounding; off (the default), the plain path with its two products, under ``jit`` too."""
+    from gqa_jax import cpu_step
+
+    assert not {"step", "active"} & set(vars(cpu_step))  # no mode to enter or ask
+    assert not any(isinstance(v, threading.local) for v in vars(cpu_step).values())  # no state
+    calls = []
+    by_head = cpu_step.attention_by_head
+    monkeypatch.setattr(cpu_step, "attention_by_head", lambda *a, **kw: calls.append(1) or by_head(*a, **kw))
+    q, k, v, bias, mask = step_inputs(6, 2, 0)  # G = 3
+
+    def attend(q, k, v, cpu_fast):
+        return grouped_attention(q, k, v, bias=bias, mask=mask, cpu_fast=cpu_fast)
+
+    jitted = jax.jit(attend, static_argnames="cpu_fast")
+    plain, fast = jitted(q, k, v, cpu_fast=False), jitted(q, k, v, cpu_fast=True)
+    assert len(calls) == 1  # traced once, for cpu_fast=True only
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(plain), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(
+        np.asarray(plain), np.asarray(grouped_attention(q, k, v, bias=bias, mask=mask))
+    )
+    dots = {
+        f: str(jax.make_jaxpr(attend, static_argnums=3)(q, k, v, f)).count("dot_general")
+        for f in (False, True)
+    }
+    assert dots == {False: 2, True: 2 * 3}
+    assert len(calls) == 2

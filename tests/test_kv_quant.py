@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gqa_jax import cpu_step, decoding, kv_quant
+from gqa_jax import decoding, kv_quant
 from gqa_jax.attention import grouped_attention
 from gqa_jax.beam_search import beam_search, length_penalty
 from gqa_jax.cache import cache_bytes, expected_cache_bytes
@@ -46,8 +46,7 @@ def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K, by_hea
     v = kv_quant.quantize(jax.random.normal(kv_, (B, K, S, H)), "int8")
     bias = jax.random.normal(kb, (N, 1, S))
     mask = jnp.arange(S)[None, None, :] < jnp.array([7, 4])[:, None, None]
-    with cpu_step.step(by_head):
-        got = grouped_attention(q, k, v, bias=bias, mask=mask)
+    got = grouped_attention(q, k, v, bias=bias, mask=mask, cpu_fast=by_head)
     want = grouped_attention(q, kv_quant.dequantize(k), kv_quant.dequantize(v), bias=bias, mask=mask)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 

@@ -85,16 +85,16 @@ def test_gated_gelu_mlp_matches_formula():
     ],
 )
 def test_project_out_major_equals_einsum(spec, x_shape, w_shape, monkeypatch):
-    """Inside cpu_step.step, few-row products are taken out-major: the same numbers as einsum;
-    outside it, project is einsum itself (the row range and small weights: the next test)."""
+    """With ``cpu_fast=True``, few-row products are taken out-major: the same numbers as einsum;
+    without it (the default), project is einsum itself (the row range and small weights: the next
+    test)."""
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)  # these weights are small
     kx, kw = jax.random.split(jax.random.key(0))
     x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
     ref = jnp.einsum(spec, x, w)
-    with cpu_step.step():
-        fast = jax.jit(lambda x, w: project(spec, x, w))
-        hlo = fast.lower(x, w).as_text()
-        out = fast(x, w)
+    fast = jax.jit(lambda x, w: project(spec, x, w, cpu_fast=True))
+    hlo = fast.lower(x, w).as_text()
+    out = fast(x, w)
     assert "optimization_barrier" in hlo
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-5)
     assert "optimization_barrier" not in jax.jit(lambda x, w: project(spec, x, w)).lower(x, w).as_text()
@@ -104,13 +104,11 @@ def test_project_keeps_einsum_outside_the_row_range_and_for_small_weights(monkey
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)
     x, w = jnp.ones((1, 1, 16)), jnp.ones((16, 24))  # one row: XLA's matrix-vector path is faster
     big = jnp.ones((65, 1, 16))
-    with cpu_step.step():
-        for rows in (x, big):
-            assert (
-                "optimization_barrier"
-                not in jax.jit(lambda x: project("BTD,DF->BTF", x, w)).lower(rows).as_text()
-            )
+    for rows in (x, big):
+        assert (
+            "optimization_barrier"
+            not in jax.jit(lambda x: project("BTD,DF->BTF", x, w, cpu_fast=True)).lower(rows).as_text()
+        )
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 16 * 24 + 1)  # one element more than w has
-    with cpu_step.step():
-        hlo = jax.jit(lambda x: project("BTD,DF->BTF", x, w)).lower(jnp.ones((8, 1, 16))).as_text()
+    hlo = jax.jit(lambda x: project("BTD,DF->BTF", x, w, cpu_fast=True)).lower(jnp.ones((8, 1, 16))).as_text()
     assert "optimization_barrier" not in hlo

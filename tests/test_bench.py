@@ -11,7 +11,7 @@ import pytest
 from gqa_jax import model as model_lib
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
-from gqa_jax.tools import bench_hf, bench_models, decode_floor, info, timing
+from gqa_jax.tools import bench_hf, bench_models, decode_floor, info, measurement
 
 
 def test_default_kv_heads_round_down_to_divisors():
@@ -36,10 +36,10 @@ def test_step_reads_follow_the_parameter_counts():
 
 
 def test_markdown_table_and_json():
-    lines = timing.md_table([("a", str), ("b", lambda x: f"{x / 2:.1f}")], [1, 4])
+    lines = measurement.md_table([("a", str), ("b", lambda x: f"{x / 2:.1f}")], [1, 4])
     assert lines == ["| a | b |", "|---|---|", "| 1 | 0.5 |", "| 4 | 2.0 |"]
     res = {1: np.float32(0.5), "x": (np.arange(2), math.inf)}
-    assert timing.to_json(res) == {"1": 0.5, "x": [[0, 1], None]}
+    assert measurement.to_json(res) == {"1": 0.5, "x": [[0, 1], None]}
 
 
 def test_bad_kv_heads_is_a_usage_error(capsys):

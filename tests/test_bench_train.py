@@ -2,7 +2,7 @@
 
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
-from gqa_jax.tools import bench_train, timing
+from gqa_jax.tools import bench_train, measurement
 
 
 def test_forward_flops_by_hand():
@@ -33,5 +33,5 @@ def test_bench_train_bad_preset(capsys):
 
 def test_matmul_peak_is_positive():
     assert bench_train.matmul_peak("float32", sizes=(64,), runs=1)["gflop_s"] > 0
-    rate = timing.matmul_rate("float32", (32, 64), runs=1)  # the one probe: the best size of those tried
+    rate = measurement.matmul_rate("float32", (32, 64), runs=1)  # the one probe: the best size of those tried
     assert rate["gflop_s"] == max(p["gflop_s"] for p in rate["probes"]) > 0 and rate["dtype"] == "float32"

@@ -101,9 +101,9 @@ def add_json(p: argparse.ArgumentParser) -> None:
 def write_json(result: Any, path: str | None) -> None:
     """Write ``--json``'s file (when given) and say so on stdout."""
     if path:
-        from gqa_jax.tools import timing
+        from gqa_jax.tools import measurement
 
-        timing.write_json(result, path)
+        measurement.write_json(result, path)
         print(f"\nwrote {path}")
 
 

@@ -1,6 +1,6 @@
 """``time``: time per sample of greedy decoding at one input / output length (compile excluded,
 median of runs), with the paper's batch rule (the largest that fits, up to 32 per device) or a
-given batch; writes ``DIR/timing.json`` and prints one line (``tools.time_decode``)."""
+given batch; writes ``DIR/timing.json`` and prints one line (``tools.t_infer``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def batch_arg(text: str) -> int | str:
 def add_args(p: argparse.ArgumentParser) -> None:
     from gqa_jax.config import PRESETS
     from gqa_jax.tools.plan import DEFAULT_HBM_GIB
-    from gqa_jax.tools.time_decode import DTYPES, TIMING_FILE
+    from gqa_jax.tools.t_infer import DTYPES, TIMING_FILE
 
     p.add_argument("--workdir", required=True, help=f"run directory: gets {TIMING_FILE} (created if missing)")
     p.add_argument("--preset", default=None, choices=PRESETS, help="random weights of this model shape")
@@ -72,14 +72,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gqa_jax.log import log
-    from gqa_jax.tools import time_decode
+    from gqa_jax.tools import t_infer
 
-    settings = time_decode.TimeSettings(
+    settings = t_infer.TimeSettings(
         workdir=args.workdir, preset=args.preset, num_kv_heads=args.num_kv_heads, model=args.model,
         input_len=args.input_len, output_len=args.output_len, batch=args.batch, hbm_gib=args.hbm_gib,
         dtype=args.dtype, cache_dtype=args.cache_dtype, runs=args.runs, seed=args.seed,
         overwrite=args.overwrite,
     )  # fmt: skip
-    record = time_decode.time_decode(settings, log=log)
-    print(time_decode.summary(record, args.workdir), flush=True)
+    record = t_infer.time_decode(settings, log=log)
+    print(t_infer.summary(record, args.workdir), flush=True)
     return 0

@@ -1,7 +1,7 @@
 """Benchmarks and planning, built on the core and never imported by it.
 
-``timing`` (the one timing rule, the machine probes, JSON, Markdown tables), ``bench_models``
+``measurement`` (the one timing rule, the machine probes, JSON, Markdown tables), ``bench_models``
 (the benchmarks' models and inputs), ``bench_decode`` (with ``decode_loops``, ``decode_floor``,
 ``bench_hf``), ``bench_step``, ``bench_train``, ``plan`` (with ``compiled_memory``,
-``batch_search``) and ``info``.
+``batch_search``), ``t_infer`` (the ``time`` stage: T_infer per sample) and ``info``.
 """

@@ -29,7 +29,7 @@ from gqa_jax import checkpoints, kv_quant, metrics, training
 from gqa_jax.cache import expected_cache_bytes
 from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.model import PAD_ID
-from gqa_jax.tools.timing import machine_info, md_table
+from gqa_jax.tools.measurement import machine_info, md_table
 from gqa_jax.training import evaluation
 
 

@@ -13,7 +13,7 @@ very same MHA weights (parity checked in the run). Tables (Markdown), all number
   measured matmul rate; measured time over floor per step and end to end;
 - d. HuggingFace ``generate`` (greedy, ``use_cache``) on the same weights vs ours.
 
-Timing rules (``tools.timing.measure``): every timed function is jitted; its first call (compile
+Timing rules (``tools.measurement.measure``): every timed function is jitted; its first call (compile
 + run) is the warm-up and is excluded; a timing is the median of ``runs`` later calls, each ended
 by ``jax.block_until_ready``; compile time = first call - that median. Two ways to decode
 (``tools.decode_loops``):
@@ -50,7 +50,7 @@ from gqa_jax.tools.bench_models import DEFAULT_RULE, build_models, parse_kv_head
 from gqa_jax.tools.decode_floor import floor_row
 from gqa_jax.tools.decode_loops import bench_fused, bench_stepped, bench_uncached
 from gqa_jax.tools.info import attention_name
-from gqa_jax.tools.timing import (
+from gqa_jax.tools.measurement import (
     BIG_MATRIX,
     machine_info,
     matmul_rate,
@@ -79,7 +79,7 @@ def run_decode_bench(
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run tables a-d; returns every number (JSON-able after :func:`timing.to_json`). Progress goes to
+    """Run tables a-d; returns every number (JSON-able after :func:`measurement.to_json`). Progress goes to
     ``log`` (default: stderr, with the elapsed time). ``cache_dtype``: our KV cache's (None: ``dtype``;
     ``int8`` / fp8: quantized, ``gqa_jax.kv_quant``) in every table of ours."""
     cache_dtype = kv_quant.check_cache_dtype(cache_dtype)

@@ -1,6 +1,6 @@
 """The HuggingFace side of ``bench decode`` (table d): whether HF can run here, where, the parity
 check of its logits against ours on the same weights (``checkpoints.hf_export.to_hf``), and its
-``generate`` timed by the same rule as ours (``timing.measure``). ``torch`` and ``transformers``
+``generate`` timed by the same rule as ours (``measurement.measure``). ``torch`` and ``transformers``
 are imported on call."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from flax import nnx
 
 from gqa_jax.config import ModelConfig
 from gqa_jax.model import T5
-from gqa_jax.tools.timing import measure, on_accelerator
+from gqa_jax.tools.measurement import measure, on_accelerator
 
 
 def hf_unavailable(dtype: str = "float32") -> str | None:

@@ -39,7 +39,7 @@ from gqa_jax import cpu_step, decoding
 from gqa_jax.config import DecodeConfig, preset
 from gqa_jax.tools.bench_models import NEVER_EOS, Split, build_models, parse_kv_heads, random_ids
 from gqa_jax.tools.info import attention_name
-from gqa_jax.tools.timing import machine_info, md_table, measure, measure_read_bandwidth, probe_sizes
+from gqa_jax.tools.measurement import machine_info, md_table, measure, measure_read_bandwidth, probe_sizes
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4}
 _DTYPE_BYTES |= {"f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}

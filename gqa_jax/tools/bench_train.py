@@ -10,7 +10,7 @@ padding; the data pipeline is not timed), compiled once, then timed over ``--ste
                 output layer; attention counted over every (query, key) pair, causal or not,
                 as MFU is usually reported; embeddings, norms and softmax not counted)
   MFU           model FLOP/s / the machine's matmul peak, measured in the same run as the best
-                of several jitted [n, n] x [n, n] products in the same dtype (``timing.matmul_rate``:
+                of several jitted [n, n] x [n, n] products in the same dtype (``measurement.matmul_rate``:
                 2 n^3 / the median time of each size)
 """
 
@@ -27,7 +27,7 @@ from gqa_jax import model as model_lib
 from gqa_jax import training
 from gqa_jax.config import ModelConfig, preset
 from gqa_jax.data.pipeline import shift_right
-from gqa_jax.tools.timing import machine_info, matmul_rate, md_table, measure, on_accelerator
+from gqa_jax.tools.measurement import machine_info, matmul_rate, md_table, measure, on_accelerator
 
 
 def forward_flops(config: ModelConfig, batch: int, input_len: int, target_len: int) -> int:
@@ -60,7 +60,7 @@ def train_flops(config: ModelConfig, batch: int, input_len: int, target_len: int
 
 def matmul_peak(dtype: Any, sizes: Sequence[int] | None = None, runs: int = 5) -> dict[str, Any]:
     """The best GFLOP/s of jitted square matmuls (the MFU denominator), measured now
-    (``timing.matmul_rate``): sizes 1024, 2048, 3072, and on a GPU or TPU also 8192 (the small
+    (``measurement.matmul_rate``): sizes 1024, 2048, 3072, and on a GPU or TPU also 8192 (the small
     ones are over in microseconds there)."""
     if sizes is None:
         sizes = (1024, 2048, 3072, 8192) if on_accelerator() else (1024, 2048, 3072)

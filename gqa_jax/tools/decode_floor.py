@@ -1,6 +1,6 @@
 """The floor of ``bench decode`` (table c): the least time a decode step and a prefill can take
 on this machine, from the bytes and FLOPs counted on the model's parameters and the probes of
-``timing`` (read bandwidth, matmul rate).
+``measurement`` (read bandwidth, matmul rate).
 
 - step floor = max(bytes / bandwidth, FLOPs / rate), with bytes = the decoder-side weights a step
   reads (:func:`step_reads`) + the whole self-attention cache (all T allocated slots are read

@@ -1,4 +1,4 @@
-"""The timed decoding paths of ``bench decode`` (``timing.measure``'s rule; EOS disabled, so every
+"""The timed decoding paths of ``bench decode`` (``measurement.measure``'s rule; EOS disabled, so every
 row emits exactly T tokens and every path is checked for it):
 
 - fused: ``decoding.greedy_decode`` (encoder + ``lax.while_loop`` in one jitted call) gives the
@@ -24,7 +24,7 @@ from flax import nnx
 from gqa_jax import cache as kvcache
 from gqa_jax import cpu_step, decoding
 from gqa_jax.tools.bench_models import NEVER_EOS, Split
-from gqa_jax.tools.timing import measure, percentile
+from gqa_jax.tools.measurement import measure, percentile
 
 
 # ------------------------------------------------------------------------ fused and stepped

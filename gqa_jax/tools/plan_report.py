@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gqa_jax.tools.info import attention_name, human_bytes
-from gqa_jax.tools.timing import md_table
+from gqa_jax.tools.measurement import md_table
 
 
 def _unit(largest: float) -> tuple[str, int]:

@@ -9,7 +9,7 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
   EOS is disabled (``bench_models.NEVER_EOS``) so every row decodes exactly ``output_len`` tokens
   (checked).
 - The timing: ``decoding.greedy_decode`` (the fused loop, prefill included) under
-  ``tools.timing.measure``: one warm-up call (compile) excluded, then ``runs`` calls each ended by
+  ``tools.measurement.measure``: one warm-up call (compile) excluded, then ``runs`` calls each ended by
   ``block_until_ready``; time per sample = median end-to-end time / batch. Inputs and parameters
   are on the devices before the clock starts.
 - The batch: given, or ``auto`` = the largest that fits ``hbm_gib`` per device by the memory plan
@@ -38,7 +38,7 @@ from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
 from gqa_jax.tools.bench_models import NEVER_EOS, random_ids
 from gqa_jax.tools.compiled_memory import GIB
-from gqa_jax.tools.timing import machine_info, measure, write_json
+from gqa_jax.tools.measurement import machine_info, measure, write_json
 
 TIMING_FILE = "timing.json"
 DTYPES = ("bfloat16", "float32")

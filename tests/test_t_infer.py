@@ -1,4 +1,4 @@
-"""The ``time`` stage (``gqa_jax.tools.time_decode``, ``gqa_jax.cli.time``) on the tiny preset:
+"""The ``time`` stage (``gqa_jax.tools.t_infer``, ``gqa_jax.cli.time``) on the tiny preset:
 timing.json's fields, time per sample = median / batch, the batch rules, bad input, overwriting.
 The command is run through its module (``cli.time.run`` on a parsed namespace)."""
 
@@ -14,7 +14,7 @@ from gqa_jax.cli import options
 from gqa_jax.cli import time as time_cli
 from gqa_jax.config import preset
 from gqa_jax.tools import plan
-from gqa_jax.tools import time_decode as td
+from gqa_jax.tools import t_infer as td
 
 SHAPE = ["--input-len", "16", "--output-len", "8", "--runs", "2", "--dtype", "float32"]
 

@@ -65,6 +65,34 @@ def test_progress_counts_the_runs_done_per_stage():
     assert runner.stage_progress(runs, {"t1"}) == "convert 0/1, time 1/2"
 
 
+def test_the_eta_costs_each_run_by_its_own_stages_mean():
+    """A 600 s pre-training run done: the convert / time runs left are costed by their stages'
+    means, not by it; a started run by what it has left; a stage with nothing done is counted."""
+    t1, t2, c = R.time("t1", "tiny", 1, 16, 4), R.time("t2", "tiny", 1, 16, 4), R.convert("c", "src", 1)
+    seconds = {"pretrain": [600.0], "convert": [30.0, 90.0], "time": [120.0]}
+    assert runner.eta(seconds, [(c, 0.0), (t1, 0.0)]) == ", ETA 3.0 min for 2 more"  # 60 s + 120 s
+    assert runner.eta(seconds, [(c, 0.0), (t1, 0.0)], jobs=2) == ", ETA 2.5 min for 2 more"  # time runs alone
+    assert runner.eta(seconds, [(c, 50.0), (t2, 200.0)]) == ", ETA 0.2 min for 2 more"  # 10 s + 0 s left
+    assert runner.eta({"pretrain": [600.0]}, [(c, 0.0), (t1, 0.0), (t2, 0.0)]) == (
+        "; 1 convert, 2 time not timed yet"
+    )
+    assert (
+        runner.eta({"time": [60.0]}, [(t1, 0.0), (c, 0.0)])
+        == ", ETA 1.0 min for 1 more, 1 convert not timed yet"
+    )
+    assert runner.eta(seconds, []) == ""
+
+
+def test_a_rerun_costs_the_eta_with_the_runs_done_before(tmp_path):
+    """run.json's seconds (what the runner wrote when the run was done) seed a rerun's means."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / runner.RUN_FILE).write_text(json.dumps({"status": "done", "seconds": 42.5}))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / runner.RUN_FILE).write_text("{not json")
+    assert runner.recorded_seconds(tmp_path, "a") == 42.5
+    assert runner.recorded_seconds(tmp_path, "b") is None and runner.recorded_seconds(tmp_path, "c") is None
+
+
 def test_local_runs_share_a_compilation_cache_in_the_root_unless_one_is_set(tmp_path, monkeypatch):
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)

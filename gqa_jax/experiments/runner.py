@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +111,37 @@ def stage_progress(runs: Sequence[Run], done: set[str]) -> str:
     return ", ".join(parts)
 
 
-def _eta(seconds: list[float], left: int, jobs: int = 1) -> str:
-    if not seconds or not left:
-        return ""
-    eta = sum(seconds) / len(seconds) * left / jobs
-    return f", ETA {eta / 60:.1f} min for {left} more"
+def eta(
+    stage_seconds: Mapping[str, Sequence[float]], left: Sequence[tuple[Run, float]], jobs: int = 1
+) -> str:
+    """The progress line's ETA: each run ``left`` (with the seconds it has run so far, 0 when not
+    started) costs the mean time of the done runs of its stage, less what it has run; runs that
+    share the machine divide by ``jobs``, a ``time`` run (it runs alone) does not. Runs of a stage
+    none of whose runs is done yet are counted, never guessed from another stage's runs (a
+    pre-training run takes minutes where an evaluate run takes seconds)."""
+    total, timed, untimed = 0.0, 0, {}
+    for r, elapsed in left:
+        seen = stage_seconds.get(r.stage)
+        if seen:
+            share = 1 if r.stage in EXCLUSIVE else jobs
+            total += max(0.0, sum(seen) / len(seen) - elapsed) / share
+            timed += 1
+        else:
+            untimed[r.stage] = untimed.get(r.stage, 0) + 1
+    text = f", ETA {total / 60:.1f} min for {timed} more" if timed else ""
+    if untimed:
+        counts = ", ".join(f"{untimed[s]} {s}" for s in STAGES if s in untimed)
+        text += f"{',' if timed else ';'} {counts} not timed yet"
+    return text
+
+
+def recorded_seconds(root: Path, name: str) -> float | None:
+    """How long a done run took, from its ``run.json`` (None when not recorded)."""
+    try:
+        seconds = json.loads((root / name / RUN_FILE).read_text()).get("seconds")
+    except (OSError, ValueError):
+        return None
+    return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
 def child_env(root: Path, launcher: str) -> dict[str, str]:
@@ -165,7 +191,11 @@ def run_sweep(
     env = child_env(root, launcher)
     failed: dict[str, str] = {}  # run -> the failed run that stops it
     done = {r.name for r in runs if status(root, r.name) == "done"}
-    seconds: list[float] = []
+    stage_seconds: dict[str, list[float]] = {}  # the done runs' times (those done before too), by stage
+    for r in runs:
+        took = recorded_seconds(root, r.name) if r.name in done else None
+        if took is not None:
+            stage_seconds.setdefault(r.stage, []).append(took)
     pending = list(enumerate(runs, 1))
     running: dict[str, tuple[Run, str, subprocess.Popen, Any, float, str, list[str]]] = {}
 
@@ -188,12 +218,14 @@ def run_sweep(
         f.close()
         took = time.time() - t0
         if rc == 0:
-            seconds.append(took)
+            stage_seconds.setdefault(r.stage, []).append(took)
             done.add(r.name)
             finished = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             _write_status(root, r, argv, "done", started=started, seconds=took, finished=finished)
-            left = sum(1 for _, x in pending if x.name not in done) + len(running)
-            log(f"{head}: done in {took:.0f} s; {stage_progress(runs, done)}{_eta(seconds, left, jobs)}")
+            now = time.time()
+            left = [(x, 0.0) for _, x in pending if x.name not in done]
+            left += [(x[0], now - x[4]) for x in running.values()]
+            log(f"{head}: done in {took:.0f} s; {stage_progress(runs, done)}{eta(stage_seconds, left, jobs)}")
         else:
             failed[r.name] = r.name
             log_path = root / r.name / LOG_FILE

@@ -10,8 +10,10 @@ Roles (shapes in ``SCALES``): two MHA models pre-trained from scratch with span 
 MQA (1 K/V head) and GQA-2 (2 groups of its 8 heads, where the paper's GQA-8-XXL has 8 groups of
 64) and uptrained for alpha = 0.05 of its pre-training steps. The four Table 1 roles are
 fine-tuned on ``stdlib_docsum``, ``stdlib_modsum`` and ``stdlib_qa`` (2 seeds, 3 for MQA as the
-paper's Appendix A does), the best dev checkpoint is scored on the dev split, and each role's
-greedy decoding is timed at each set of the tasks' lengths. The figures:
+paper's Appendix A does), the best dev checkpoint is scored on the dev split (its task metric and
+its teacher-forced dev loss), each role is also scored before fine-tuning (``eval_<role>_<task>_start``:
+the sanity claims' step 0), and each role's greedy decoding is timed at each set of the tasks'
+lengths (every time run repeats its timing ``time.runs`` times). The figures:
 
 - Fig. 3 from Table 1;
 - Fig. 4: the Large role -> MQA by mean / first / random, uptrained at alpha 0.05, scored on a
@@ -39,7 +41,8 @@ scale=... --dry-run``; their measured wall times: docs/experiments.md ("The mini
 The paper's numbers beside ours are its Table 1 rows (T_infer s per TPUv4 chip / its Average over
 its seven tasks): MHA-Large 0.37 / 46.0, MHA-XXL 1.51 / 47.2, MQA-XXL 0.24 / 46.6, GQA-8-XXL
 0.28 / 47.1; another scale and other tasks, so the ordering is what compares. The report ends
-with the paper's claims, each with its numbers and a verdict (docs/mini/ has the measured one).
+with the sanity claims and then the paper's claims, each with its numbers, the smallest difference
+its seeds resolve and a verdict (docs/mini/ has the measured one).
 """
 
 from gqa_jax.experiments import paper
@@ -102,7 +105,7 @@ SCALES = {
         "finetune": {"num_train_steps": 2, "eval_every": 2, "batch_size": 4, "learning_rate": 0.01},
         "eval_examples": 4,
         "evaluate_examples": 4,
-        "time": {"batch": 2, "runs": 1},
+        "time": {"batch": 2, "runs": 5},
         "groups": (1, 8),
         "long": (128, 4),
         "caches": "float",
@@ -238,6 +241,19 @@ def get_sweep(params):
                 eval_at_start=False,
                 checkpoint_every=1000,
                 **{"optimizer.learning_rate": ft["learning_rate"]},
+            )
+            # the model before fine-tuning, scored the same way (the sanity claims' step 0)
+            runs.append(
+                R.evaluate(
+                    f"eval_{key}_{task}_start",
+                    f"{{run:{start}}}/model",
+                    task,
+                    params,
+                    deps=(start,),
+                    tags={"model": model, "task": task, "start": True},
+                    **lengths,
+                    examples=s["evaluate_examples"],
+                )
             )
             for seed in range(s["seeds"][model]):
                 runs += R.finetune_and_evaluate(

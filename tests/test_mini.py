@@ -73,7 +73,7 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
     # each run's progress line counts the runs done per stage
     assert (
         "done in" in out.stderr
-        and "; pretrain 2/2, convert 1/1, uptrain 7/7, finetune 6/6, evaluate 6/6, time 6/6" in out.stderr
+        and "; pretrain 2/2, convert 1/1, uptrain 7/7, finetune 6/6, evaluate 10/10, time 6/6" in out.stderr
     )
 
     # a time run never shares the machine: no other run's span overlaps its own
@@ -103,7 +103,7 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     md = (report / "report.md").read_text()
     assert out.stdout.strip() == md.strip()  # the demo prints the report
-    assert "Runs done: 28 of 28." in md
+    assert "Runs done: 32 of 32." in md
     for role in ("MHA-Large", "MHA-XXL", "MQA-XXL", "GQA-2-XXL"):
         assert f"| {role} | " in md
     table_lines = [
@@ -116,8 +116,14 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
         for line in claims.splitlines()
         if line.startswith("| ") and "**" in line
     ]
-    assert len(verdicts) == 5
-    assert all(v.strip("*") in ("reproduced", "not reproduced", "within noise") for v in verdicts)
+    assert len(verdicts) == 6
+    judged = ("reproduced", "not reproduced", "within noise", "not testable at this setting")
+    assert all(v.strip("*") in judged for v in verdicts)
+    sanity = md.split("## Sanity claims")[1].split("## The paper's claims")[0]
+    sanity_verdicts = [line.rsplit("|", 2)[1].strip(" *") for line in sanity.splitlines() if "**" in line]
+    assert len(sanity_verdicts) == 4 and all(v in judged[:3] for v in sanity_verdicts)
+    assert ("not testable at this setting" in claims) == any(v != "reproduced" for v in sanity_verdicts)
+    assert results["loss"] > 0 and len(timing["times_s"]) == len(timing["prefill_times_s"]) == 5
     rows = list(csv.DictReader((report / "report.csv").open()))
     assert {r["section"] for r in rows} == {"table1", "fig3", "fig4", "fig5", "fig6"}
     mqa = [

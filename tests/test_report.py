@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TASKS = [["cnn_dailymail", "CNN R1", "ROUGE-1"], ["trivia_qa", "TriviaQA F1", "F1"]]
 MACHINE = {"backend": "cpu", "devices": ["cpu"], "device_count": 1}
+REPEATS = (0.97, 1.0, 1.02)  # a time run's repeats, times its time per sample (their median)
 
 
 # ---------------------------------------------------------------------------------- fake runs
@@ -34,12 +35,13 @@ def write_run(root: Path, run: Run, value: float | None = None, status: str = "d
         return
     if run.stage == "evaluate":
         result = {"task": run.tags.get("task"), "split": "validation", "metric": "ROUGE-1",
-                  "scores": {"rouge1": value}, "primary": value, "examples": 10, "model": "m"}  # fmt: skip
+                  "scores": {"rouge1": value}, "primary": value, "loss": 1.0 / (1.0 + value), "examples": 10,
+                  "model": "m"}  # fmt: skip
         (d / "results.json").write_text(json.dumps(result))
     elif run.stage == "time":
-        timing = {"time_per_sample_s": value, "times_s": [value] * 3, "batch": 8, "batch_rule": "given",
-                  "input_len": 64, "output_len": 16, "preset": "tiny", "num_heads": 8, "num_kv_heads": 1,
-                  "dtype": "float32", "weights": "random", "machine": MACHINE}  # fmt: skip
+        timing = {"time_per_sample_s": value, "times_s": [value * 8 * f for f in REPEATS], "batch": 8,
+                  "batch_rule": "given", "input_len": 64, "output_len": 16, "preset": "tiny", "num_heads": 8,
+                  "num_kv_heads": 1, "dtype": "float32", "weights": "random", "machine": MACHINE}  # fmt: skip
         (d / "timing.json").write_text(json.dumps(timing))
     elif run.stage in ("pretrain", "uptrain", "finetune"):
         lines = [{"step": 10, "train/loss": 9.0}, {"step": 10, "eval/loss": value + 1.0, "eval/seconds": 1.0},
@@ -165,7 +167,7 @@ def test_table1_rows_in_the_paper_order_with_mean_std_missing_and_fig3(tmp_path)
     assert set(written) == {"report.md", "report.csv", "fig3"}
     assert written["report.md"].parent == root / "report"
     md = written["report.md"].read_text()
-    table = md.split("## Table 1")[1].split("##")[0]
+    table = md.split("## Table 1")[1].split("##")[0].split("Dev loss")[0]
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     assert lines[0].startswith(
         "| model | T_infer (s) | CNN R1 | TriviaQA F1 | Average (paper) | plain mean |"
@@ -176,7 +178,9 @@ def test_table1_rows_in_the_paper_order_with_mean_std_missing_and_fig3(tmp_path)
     assert "missing (78.2)" in mha_large  # both trivia_qa runs missing
     assert mha_large.rstrip(" |").endswith("missing (60.55)")  # so is the mean over tasks
     assert "41.00, n=1 of 2 (43.0)" in mqa  # one of two seeds done
-    assert "0.3 (0.37)" in mha_large  # T_infer: the mean of 0.15 and 0.45
+    assert (
+        "0.3 ± 0.00755, n=3 (0.37)" in mha_large
+    )  # T_infer: the mean of 0.15 and 0.45 (the repeats' medians)
     assert "| 47.2 |" in mha_xxl  # the paper's Average
     assert "61.40 ± 0.21, n=2 (62.55)" in gqa  # per-seed means 61.25 and 61.55
     rows = read_csv(written["report.csv"])
@@ -234,7 +238,9 @@ def test_a_sweep_file_through_load_sweep_and_the_command(tmp_path, capsys):
     args = p.parse_args([str(file), "--root", str(root), "--out", str(tmp_path / "out"), "--set", "seeds=1"])
     assert cli_report.run(args) == 0
     out = capsys.readouterr().out
-    assert "| MHA | 0.02 | 12.00 |" in out and f"wrote {tmp_path / 'out' / 'report.csv'}" in out
+    assert (
+        "| MHA | 0.02 ± 0.000503, n=3 | 12.00 |" in out and f"wrote {tmp_path / 'out' / 'report.csv'}" in out
+    )
     assert (tmp_path / "out" / "fig3.png").is_file()
     with pytest.raises(ValueError, match=r"run the sweep first"):
         cli_report.run(p.parse_args([str(file), "--root", str(tmp_path / "empty")]))
@@ -342,7 +348,11 @@ def test_fig6_time_vs_groups(tmp_path):
         ) == pytest.approx(values[f"time_k{k}"])
     assert csv_value(rows, "fig6", "groups=16", "time_per_sample_s")["ours_mean"] == ""
     md = written["report.md"].read_text()
-    assert "| 64 (MHA) | 1.48 |" in md and "| 16 | missing |" in md and "input 2048, output 512" in md
+    assert (
+        "| 64 (MHA) | 1.48 ± 0.0372, n=3 |" in md
+        and "| 16 | missing |" in md
+        and "input 2048, output 512" in md
+    )
     check_png(written["fig6"])
     keep_png(written["fig6"], "fig6_groups.png")
 
@@ -363,7 +373,8 @@ def test_fig6_has_a_line_per_kv_cache_and_the_quantized_over_float_ratio(tmp_pat
     md = written["report.md"].read_text()
     header = "| groups | float cache: time per sample (s) | int8 cache: time per sample (s) | int8 / float |"
     assert header in md
-    assert "| 4 | 0.8 | 0.4 | 0.500 |" in md and "| 8 (MHA) | 1.6 | missing | missing |" in md
+    assert "| 4 | 0.8 ± 0.0201, n=3 | 0.4 ± 0.0101, n=3 | 0.500 |" in md
+    assert "| 8 (MHA) | 1.6 ± 0.0403, n=3 | missing | missing |" in md
     fig = report.compute(sweep, tmp_path)["fig6"]
     assert fig.reference.mean == pytest.approx(1.6)  # MHA's reference line is the float cache's
     check_png(written["fig6"])
@@ -449,6 +460,7 @@ def test_the_mini_has_every_figure_proxies_and_the_claims(tmp_path):
         f"conversion Mean > First > Random (Fig. 4 data){ON_PROXY}": "reproduced",
         f"at alpha 0, GQA is closer to MHA than MQA is (Fig. 5 data){ON_PROXY}": "reproduced",
         "quality MHA ≥ GQA ≥ MQA after uptraining (Table 1, plain mean)": "within noise",
+        "quality MHA ≥ GQA ≥ MQA after uptraining (Table 1, dev loss: lower is better)": "within noise",
         "MQA less stable than GQA: more spread over seeds (Table 1 data)": "reproduced",
     }
     assert claims_lib.RULE in md

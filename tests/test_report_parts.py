@@ -19,6 +19,8 @@ from gqa_jax.experiments.parts.table1 import Table1
 from gqa_jax.experiments.stats import Stat
 from gqa_jax.experiments.sweep import Run, Sweep
 
+ALL = ["table1", "fig3", "fig4", "fig5", "fig6", "sanity", "claims"]  # the registry's parts, in order
+
 
 class Widgets(Part[dict[str, Stat]]):
     """A part of evaluate runs tagged ``widget``: a cell per widget, a section, a CSV row each."""
@@ -120,7 +122,7 @@ def test_nested_parts_come_from_the_paper_dicts_shape_and_take_their_runs_from_t
     numbers = report.compute(
         nested, fake_root(tmp_path, nested, values | more), parts=(*registry.PARTS, Widgets())
     )
-    assert [p.name for p in numbers.parts] == ["table1", "fig3", "fig4", "fig5", "fig6", "claims", "widgets"]
+    assert [p.name for p in numbers.parts] == [*ALL, "widgets"]
     assert list(numbers["widgets"]) == ["gear", "cog"] and numbers["widgets"]["gear"].mean == 5.0
     assert [r.model for r in numbers["table1"].rows] == ["MHA", "GQA-2", "MQA"]
     assert numbers["table1"].row("MHA").scores["docsum"].mean == pytest.approx(
@@ -130,20 +132,13 @@ def test_nested_parts_come_from_the_paper_dicts_shape_and_take_their_runs_from_t
     one = Sweep(
         "x", sweep.runs, {"fig6": sweep.paper["fig6"]}
     )  # one part nested: all of them, {} for the rest
-    assert [p.name for p in report.compute(one, tmp_path).parts] == [
-        "table1",
-        "fig3",
-        "fig4",
-        "fig5",
-        "fig6",
-        "claims",
-    ]
+    assert [p.name for p in report.compute(one, tmp_path).parts] == ALL
 
 
 def test_a_flat_paper_dict_selects_the_first_part_with_its_key():
     runs = (Run("e", "evaluate", {}, (), {"model": "m", "task": "t"}),)
     found = registry.schemas(Sweep("any name", runs, {"tasks": TASKS, "rows": {}, "methods": ["mean"]}))
-    assert list(found) == ["table1", "fig3"] and found["table1"]["tasks"] == TASKS
+    assert list(found) == ["table1", "fig3", "sanity"] and found["table1"]["tasks"] == TASKS
     assert list(registry.schemas(Sweep("table1", runs, {"alphas": [0]}))) == ["fig5"]  # not by its name
 
 
@@ -163,6 +158,6 @@ def test_a_sweep_whose_paper_dict_selects_nothing_is_a_clear_error(tmp_path, nam
 
 def test_the_registry_is_in_the_reports_order_with_distinct_names():
     registry.check(registry.PARTS)
-    assert [p.name for p in registry.PARTS] == ["table1", "fig3", "fig4", "fig5", "fig6", "claims"]
+    assert [p.name for p in registry.PARTS] == ALL
     with pytest.raises(ValueError, match="two report parts named table1"):
         registry.check((*registry.PARTS, registry.PARTS[0]))

@@ -41,6 +41,11 @@ def test_given_batch_writes_every_field_and_refuses_to_overwrite(tmp_path, capsy
     assert tuple(record) == td.FIELDS
     assert len(record["times_s"]) == 2 and all(t > 0 for t in record["times_s"])
     assert record["time_per_sample_s"] == pytest.approx(statistics.median(record["times_s"]) / 2)
+    prefill = record["prefill_times_s"]  # the prefill alone, timed by the same rule
+    assert len(prefill) == 2 and all(t > 0 for t in prefill)
+    assert record["prefill_per_sample_s"] == pytest.approx(statistics.median(prefill) / 2)
+    steps = record["time_per_sample_s"] - record["prefill_per_sample_s"]
+    assert record["steps_per_sample_s"] == pytest.approx(steps)
     assert record["batch"] == 2 and record["batch_rule"] == td.RULE_GIVEN == "given"
     assert (record["input_len"], record["output_len"]) == (16, 8)
     assert (record["preset"], record["num_heads"], record["num_kv_heads"]) == ("tiny", 4, 2)

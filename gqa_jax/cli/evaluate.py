@@ -36,6 +36,6 @@ def run(args: argparse.Namespace) -> int:
         input_length=args.input_length, target_length=args.target_length, cache_dtype=args.cache_dtype,
         overwrite=args.overwrite,
     )  # fmt: skip
-    print(f"{result['task']} {result['split']}: {result['metric']} {result['primary']:.2f} "
-          f"on {result['examples']} examples")  # fmt: skip
+    print(f"{result['task']} {result['split']}: {result['metric']} {result['primary']:.2f}, "
+          f"teacher-forced loss {result['loss']:.4f} on {result['examples']} examples")  # fmt: skip
     return 0

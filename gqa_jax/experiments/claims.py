@@ -9,6 +9,11 @@ each side; 0 with one seed): d > noise is "reproduced", |d| <= noise "within noi
 Stability compares the mean over tasks of each model's per-task std over seeds, with the noise
 of a std estimate, sqrt((s_A^2 + s_B^2) / (2 (n - 1))), n the fewest seeds of a cell.
 
+Each claim also states the smallest difference its numbers could resolve (:func:`resolvable`: the
+noise above; none where a side has one seed or one timing repeat, so no spread). A claim that can
+not be tested at a setting (its sanity claims failed, ``parts.sanity_claims``) is
+:data:`NOT_TESTABLE`.
+
 Numbers are duck-typed: anything with ``mean`` (None: missing), ``std`` and ``n`` attributes.
 """
 
@@ -20,6 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 REPRODUCED, NOT_REPRODUCED, WITHIN_NOISE, MISSING = "reproduced", "not reproduced", "within noise", "missing"
+NOT_TESTABLE = "not testable at this setting"
+NOT_IN_SWEEP = "not in this sweep"  # a claim the sweep has no runs for (missing: runs not done)
 RULE = (
     'Verdict rule: for "A better than B", d is the difference in the claim\'s direction and noise = '
     "sqrt(std_A² + std_B²) over seeds (0 with one seed): d > noise → reproduced, |d| ≤ noise → within "
@@ -35,6 +42,26 @@ class Claim:
     claim: str
     evidence: str
     verdict: str
+    resolves: float | None = None  # the smallest difference its numbers resolve; None: no spread
+
+    def resolution(self) -> str:
+        """The report's words for ``resolves``."""
+        if self.verdict in (MISSING, NOT_IN_SWEEP):
+            return "—"
+        return "no spread (one seed or repeat)" if self.resolves is None else f"{self.resolves:.3g}"
+
+
+def resolvable(a: Any, b: Any) -> float | None:
+    """The smallest difference between ``a`` and ``b`` that the verdict rule resolves (their noise),
+    None when either is missing or has no spread (one seed, one repeat)."""
+    if missing(a) or missing(b) or a.std is None or b.std is None:
+        return None
+    return math.hypot(a.std, b.std)
+
+
+def coarsest(values: Sequence[float | None]) -> float | None:
+    """The largest of several pairs' resolvable differences (None when any pair has none)."""
+    return None if not values or None in values else max(values)  # type: ignore[type-var]
 
 
 def verdict(d: float, noise: float, *, strict: bool = True) -> str:
@@ -96,4 +123,6 @@ def chain(name: str, labels: Sequence[Any], stats: Sequence[Any], unit: str, **h
     if any(label is None for label in labels):
         return Claim(name, "no run of one of the models in this sweep", MISSING)
     pairs = [compare(a, b, **how) for a, b in zip(stats, stats[1:], strict=False)]
-    return Claim(name, ", ".join(show(n, s, unit) for n, s in zip(labels, stats, strict=True)), worst(pairs))
+    resolves = coarsest([resolvable(a, b) for a, b in zip(stats, stats[1:], strict=False)])
+    evidence = ", ".join(show(n, s, unit) for n, s in zip(labels, stats, strict=True))
+    return Claim(name, evidence, worst(pairs), resolves)

@@ -1,5 +1,6 @@
 """The ``evaluate`` stage: score a checkpoint on a task's split with greedy decoding (the paper's
-evaluation) and write ``results.json`` and ``decodes.jsonl`` into a run directory."""
+evaluation), and its teacher-forced loss on the same examples (a low-noise second number), and
+write ``results.json`` and ``decodes.jsonl`` into a run directory."""
 
 from __future__ import annotations
 
@@ -36,16 +37,8 @@ def evaluate_checkpoint(
     writes and returns the results (fields in ``docs/experiments.md``). ``cache_dtype``: the decodes'
     KV cache (None: the model's dtype; int8 / fp8: ``gqa_jax.kv_quant``)."""
     workdir = Path(workdir)
-    if workdir.exists() and not workdir.is_dir():
-        raise ValueError(f"--workdir {workdir} is a file, not a directory")
     out = workdir / RESULTS
-    if out.exists() and not overwrite:
-        raise ValueError(f"{out} exists: pass --overwrite to score again, or choose another --workdir")
-    task = tasks_lib.get_task(task_name)
-    if task.metric is None:
-        raise ValueError(f"task {task_name} is span corruption: its dev loss is in a training run's metrics")
-    if examples is not None and examples < 1:
-        raise ValueError(f"--examples must be >= 1, got {examples}")
+    task = _check(workdir, out, overwrite, task_name, examples)
     cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
     data_dir = data_dir or tasks_lib.default_data_dir()
     voc = training.load_vocab(vocab, task, data_dir)
@@ -53,14 +46,16 @@ def evaluate_checkpoint(
     t0 = time.time()
     scores, decodes = training.evaluate(
         model, task, voc, split=split, num_examples=examples, batch_size=batch_size, data_dir=data_dir,
-        input_length=input_length, target_length=target_length, cache_dtype=cache_dtype,
+        input_length=input_length, target_length=target_length, cache_dtype=cache_dtype, with_loss=True,
     )  # fmt: skip
+    loss = scores.pop("loss")
     result = {
         "task": task.name,
         "split": split,
         "metric": task.metric,
         "scores": scores,
         "primary": scores[metrics.PRIMARY[task.metric]],
+        "loss": loss,
         "examples": len(decodes),
         "model": str(model_path),
         "model_kind": kind,
@@ -76,3 +71,18 @@ def evaluate_checkpoint(
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(out)
     return result
+
+
+def _check(workdir: Path, out: Path, overwrite: bool, task_name: str, examples: int | None) -> Any:
+    """The task to score; ValueError for a file as workdir, results there already, span corruption
+    or fewer than one example."""
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"--workdir {workdir} is a file, not a directory")
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out} exists: pass --overwrite to score again, or choose another --workdir")
+    task = tasks_lib.get_task(task_name)
+    if task.metric is None:
+        raise ValueError(f"task {task_name} is span corruption: its dev loss is in a training run's metrics")
+    if examples is not None and examples < 1:
+        raise ValueError(f"--examples must be >= 1, got {examples}")
+    return task

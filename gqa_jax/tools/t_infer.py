@@ -11,7 +11,10 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
 - The timing: ``decoding.greedy_decode`` (the fused loop, prefill included) under
   ``tools.measurement.measure``: one warm-up call (compile) excluded, then ``runs`` calls each ended by
   ``block_until_ready``; time per sample = median end-to-end time / batch. Inputs and parameters
-  are on the devices before the clock starts.
+  are on the devices before the clock starts. What the time is made of: the prefill alone (encoder
+  + cross K/V projection + the empty cache, ``decoding.prefill`` jitted as the loop runs it) timed
+  by the same rule, so ``prefill_per_sample_s`` and ``steps_per_sample_s`` (time per sample less
+  the prefill's: the decoder's steps) say whether a time is the encoder's or the cache's.
 - The batch: given, or ``auto`` = the largest that fits ``hbm_gib`` per device by the memory plan
   (``tools.plan``'s decode program, compiled ahead of time), at most 32 per device. With several
   devices the rows split over a ``data`` mesh axis of all of them (parameters replicated), so the
@@ -21,6 +24,7 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import time
@@ -32,7 +36,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from gqa_jax import decoding, kv_quant
+from gqa_jax import cpu_step, decoding, kv_quant
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
@@ -46,8 +50,9 @@ PER_DEVICE = 32  # the paper's cap: up to 32 samples per chip
 RULE_GIVEN = "given"
 RULE_AUTO = f"largest that fits, <= {PER_DEVICE} per device"
 FIELDS = (
-    "time_per_sample_s", "times_s", "batch", "batch_rule", "input_len", "output_len", "preset",
-    "num_heads", "num_kv_heads", "dtype", "cache_dtype", "weights", "machine",
+    "time_per_sample_s", "times_s", "prefill_per_sample_s", "prefill_times_s", "steps_per_sample_s",
+    "batch", "batch_rule", "input_len", "output_len", "preset", "num_heads", "num_kv_heads", "dtype",
+    "cache_dtype", "weights", "machine",
 )  # fmt: skip
 
 
@@ -245,9 +250,14 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
         raise RuntimeError(
             f"greedy_decode emitted {lengths.tolist()} tokens per row, expected {s.output_len}"
         )
+    prefill_timing = time_prefill(graphdef, params, ids, s, mesh)
+    per_sample, prefill_per_sample = timing["median_s"] / batch, prefill_timing["median_s"] / batch
     record = {
-        "time_per_sample_s": timing["median_s"] / batch,
+        "time_per_sample_s": per_sample,
         "times_s": list(timing["times_s"]),
+        "prefill_per_sample_s": prefill_per_sample,
+        "prefill_times_s": list(prefill_timing["times_s"]),
+        "steps_per_sample_s": per_sample - prefill_per_sample,
         "batch": batch,
         "batch_rule": rule,
         "input_len": s.input_len,
@@ -264,6 +274,23 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
     write_atomic(record, out)
     log(f"compile + first call {timing['first_s']:.2f} s (compile ~{timing['compile_s']:.2f} s, excluded)")
     return record
+
+
+def time_prefill(graphdef: Any, params: Any, ids: Any, s: TimeSettings, mesh: Any) -> dict[str, Any]:
+    """``measure``'s timing of the decode loop's prefill alone, with greedy_decode's options."""
+    fast = cpu_step.use_for(mesh)  # as greedy_decode chooses it
+    timing, _ = measure(
+        lambda: _prefill(graphdef, params, ids, s.output_len, s.cache_dtype, fast, mesh), s.runs
+    )
+    return timing
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5, 6))
+def _prefill(graphdef: Any, params: Any, ids: Any, output_len: int, cache_dtype, fast: bool, mesh: Any):
+    """The decode loop's prefill alone (``decoding.decode_loop``'s first part, same options)."""
+    with decoding.mesh_context(mesh, None):
+        model = nnx.merge(graphdef, params)
+        return decoding.prefill(model, ids, output_len, chunked=fast, cache_dtype=cache_dtype)
 
 
 def write_atomic(record: dict[str, Any], path: Path) -> None:
@@ -289,5 +316,7 @@ def summary(record: dict[str, Any], workdir: str | os.PathLike) -> str:
         + (f", KV cache {r['cache_dtype']}" if r.get("cache_dtype", r["dtype"]) != r["dtype"] else "")
         + f", batch {r['batch']} ({r['batch_rule']}), input {r['input_len']}, "
         f"output {r['output_len']}: {r['time_per_sample_s'] * 1e3:.3f} ms per sample "
-        f"(median {median:.4f} s of {len(r['times_s'])} runs / {r['batch']}) -> {path}"
+        f"(median {median:.4f} s of {len(r['times_s'])} runs / {r['batch']}; prefill "
+        f"{r['prefill_per_sample_s'] * 1e3:.3f} ms, decoder steps {r['steps_per_sample_s'] * 1e3:.3f} ms) "
+        f"-> {path}"
     )

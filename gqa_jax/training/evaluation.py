@@ -42,20 +42,25 @@ def evaluate(
     target_length: int | None = None,
     mesh: Any = None,
     cache_dtype: str | None = None,
+    with_loss: bool = False,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Score ``model`` (a ``T5`` or its ``(graphdef, params)``) on ``task``: greedy decodes + the
     task's metric, or, for span-corruption corpora, the teacher-forced loss. Returns ``(scores,
     decoded examples)``. With a ``mesh`` the params stay sharded and every process evaluates the
     same examples (rows over the data axis). ``cache_dtype``: the decodes' KV cache
-    (``decoding.greedy_decode``)."""
+    (``decoding.greedy_decode``). ``with_loss``: the scores also hold ``loss``, the teacher-forced
+    mean negative log-likelihood per target token of the same examples (``teacher_forced_loss``)."""
     source, p = eval_pipeline(
         task, vocab, split=split, num_examples=num_examples, batch_size=batch_size, data_dir=data_dir,
         source=source, input_length=input_length, target_length=target_length, mesh=mesh,
     )  # fmt: skip
     if task.metric is None:
-        return _span_loss(model, p, mesh), []
+        return teacher_forced_loss(model, p, mesh), []
     rows = decode_rows(model, p, mesh=mesh, cache_dtype=cache_dtype)
-    return score_rows(task, source, vocab, rows)
+    scores, decodes = score_rows(task, source, vocab, rows)
+    if with_loss:
+        scores = {**scores, "loss": teacher_forced_loss(model, p, mesh)["loss"]}
+    return scores, decodes
 
 
 def eval_pipeline(
@@ -85,8 +90,10 @@ def eval_pipeline(
     return source, p
 
 
-def _span_loss(model: Any, p: Any, mesh: Any) -> dict[str, float]:
-    """The teacher-forced loss and token accuracy of a span-corruption pipeline."""
+def teacher_forced_loss(model: Any, p: Any, mesh: Any = None) -> dict[str, float]:
+    """The teacher-forced loss (mean cross-entropy per target token, z-loss left out) and token
+    accuracy of ``model`` on a pipeline's batches (``eval_pipeline``'s: a span-corruption corpus or
+    a task's examples)."""
     graphdef, params = split_model(model) if isinstance(model, T5) else model
     eval_step = make_eval_step(graphdef)
     sums = {"ce": 0.0, "z": 0.0, "correct": 0.0, "tokens": 0.0}

@@ -2,7 +2,9 @@
 x axis, a line per KV cache; ``groups == reference_groups`` is MHA, a dotted horizontal line.
 
 Time runs tagged ``cache`` (a quantized dtype, e.g. int8) draw that cache's line (dashed), the
-others the float cache's (the model's dtype, the paper's).
+others the float cache's (the model's dtype, the paper's). Each point is the median of its run's
+timing repeats, its error bar their sample std; the table beside it gives the prefill's share of
+each time (timing.json prefill_times_s), what a flat line is made of.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from gqa_jax.experiments.parts import md, plot
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
-from gqa_jax.experiments.parts.records import Record, gather, machine, select, unique
+from gqa_jax.experiments.parts.records import Record, gather_times, machine, select, unique
 from gqa_jax.experiments.stats import Stat
 
 FLOAT_CACHE = "float"  # the line of the time runs without a "cache" tag (the model's dtype)
@@ -28,6 +30,7 @@ class Fig6:
     ylabel: str
     groups: tuple[int, ...]
     lines: Mapping[str, tuple[Stat, ...]]  # KV cache -> a time per group; the float cache's first
+    prefills: Mapping[str, tuple[Stat, ...]]  # KV cache -> the prefill's time per group (as lines)
     reference_groups: int | None  # MHA's number of groups
     reference_label: str
     reference: Stat  # MHA's time, the float cache's
@@ -49,7 +52,9 @@ class Fig6Part(Part[Fig6]):
 
     def compute(self, records: Sequence[Record], schema: Mapping[str, Any], context: Context) -> Fig6:
         key = lambda r: (r.tags.get("cache", FLOAT_CACHE), r.tags["groups"])  # noqa: E731
-        cells = gather(records, select("time", "groups", part=self.name), key, "time")
+        pick = select("time", "groups", part=self.name)
+        cells = gather_times(records, pick, key)
+        prefill_cells = gather_times(records, pick, key, "prefill_times")
         groups = unique([*schema.get("groups", []), *sorted(g for _, g in cells)])
         caches = unique([*schema.get("caches", [FLOAT_CACHE]), *(c for c, _ in cells)])
         ref = schema.get("reference_groups", max(groups, default=None))
@@ -62,6 +67,7 @@ class Fig6Part(Part[Fig6]):
             ylabel="time per sample (s)",
             groups=tuple(groups),
             lines={c: tuple(cells.get((c, g), Stat(None)) for g in groups) for c in caches},
+            prefills={c: tuple(prefill_cells.get((c, g), Stat(None)) for g in groups) for c in caches},
             reference_groups=ref,
             reference_label=f"MHA ({ref} groups)",
             reference=cells.get((FLOAT_CACHE, ref), Stat(None)),
@@ -73,6 +79,8 @@ class Fig6Part(Part[Fig6]):
         quantized = [c for c in lines if c != FLOAT_CACHE]
         header = ["groups", *(f"{c} cache: time per sample (s)" for c in lines)]
         header += [f"{c} / {FLOAT_CACHE}" for c in quantized if FLOAT_CACHE in lines]
+        shares = [c for c in lines if any(not p.missing for p in result.prefills[c])]
+        header += [f"{c} cache: prefill's share" for c in shares]
         rows = []
         for i, g in enumerate(result.groups):
             row = [f"{g}" + (" (MHA)" if g == result.reference_groups else "")]
@@ -80,6 +88,9 @@ class Fig6Part(Part[Fig6]):
             for c in quantized if FLOAT_CACHE in lines else ():
                 q, f = lines[c][i], lines[FLOAT_CACHE][i]
                 row.append("missing" if q.missing or f.missing else f"{q.mean / f.mean:.3f}")
+            for c in shares:
+                t, p = lines[c][i], result.prefills[c][i]
+                row.append("missing" if t.missing or p.missing else f"{p.mean / t.mean:.0%}")
             rows.append(row)
         cache_note = (
             " The float cache holds K/V in the model's dtype (the paper's); "
@@ -92,7 +103,15 @@ class Fig6Part(Part[Fig6]):
             f"## {result.title}",
             "",
             *md.image(self.name, files, result.title),
-            f"Time: timing.json's time_per_sample_s on {result.machine}.{cache_note}",
+            "Time: the median of a time run's timing repeats (timing.json's times_s / batch; ± their "
+            f"sample std, n=repeats) on {result.machine}.{cache_note}"
+            + (
+                " The prefill's share: the median time of the prefill alone (encoder, cross K/V, the "
+                "empty cache; timing.json's prefill_times_s) over the whole time; the rest is the "
+                "decoder's steps, the part the number of groups changes."
+                if shares
+                else ""
+            ),
             "",
             *md.table(header, rows),
         ]
@@ -104,6 +123,13 @@ class Fig6Part(Part[Fig6]):
             rows += [
                 csv_row(self.name, f"groups={g}", column, s) for g, s in zip(result.groups, line, strict=True)
             ]
+            prefill = result.prefills.get(cache, ())
+            if any(not p.missing for p in prefill):
+                column = "prefill_s" + ("" if cache == FLOAT_CACHE else f"[{cache} cache]")
+                rows += [
+                    csv_row(self.name, f"groups={g}", column, p)
+                    for g, p in zip(result.groups, prefill, strict=True)
+                ]
         return rows
 
     def figure(self, result: Fig6, path: Path) -> Path:

@@ -1,5 +1,9 @@
 """The paper's claims, each tested on Table 1's, Fig. 4's and Fig. 5's results with a verdict
-(the rule: ``experiments.claims``). Models are matched by name ("MHA...", "GQA...", "MQA...")."""
+(the rule: ``experiments.claims``) and the smallest difference its numbers resolve. Models are
+matched by name ("MHA...", "GQA...", "MQA..."). When a sanity claim failed (``parts.sanity_claims``,
+computed before this part), every claim about quality is "not testable at this setting", the verdict
+the rule alone would give kept in its numbers; the decode-time claim does not depend on training
+and is judged as it is."""
 
 from __future__ import annotations
 
@@ -9,18 +13,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gqa_jax.experiments import claims as rule
-from gqa_jax.experiments.claims import MISSING, Claim
+from gqa_jax.experiments.claims import MISSING, NOT_TESTABLE, Claim
 from gqa_jax.experiments.parts import md
 from gqa_jax.experiments.parts.base import Context, Part
 from gqa_jax.experiments.parts.fig4 import Fig4
 from gqa_jax.experiments.parts.fig5 import Fig5
 from gqa_jax.experiments.parts.records import Record
+from gqa_jax.experiments.parts.sanity_claims import Sanity
 from gqa_jax.experiments.parts.table1 import Table1
 
 
 @dataclasses.dataclass(frozen=True)
 class PaperClaims:
     claims: tuple[Claim, ...]  # in the paper's order of argument
+    gated_by: tuple[str, ...] = ()  # the failed sanity claims that made the quality claims untestable
 
 
 def _three(models: Sequence[str]) -> tuple[str | None, str | None, str | None]:
@@ -61,7 +67,8 @@ def alpha_zero(fig5: Fig5) -> Claim:
         return Claim(name, evidence, MISSING)
     gap_g, gap_m = abs(g.mean - ref.mean), abs(m.mean - ref.mean)
     evidence += f"; gap to {ref_name}: {gqa} {gap_g:.4g}, {mqa} {gap_m:.4g}"
-    return Claim(name, evidence, rule.verdict(gap_m - gap_g, math.hypot(g.std or 0.0, m.std or 0.0)))
+    verdict = rule.verdict(gap_m - gap_g, math.hypot(g.std or 0.0, m.std or 0.0))
+    return Claim(name, evidence, verdict, rule.resolvable(g, m))
 
 
 def quality(table: Table1) -> Claim:
@@ -71,6 +78,17 @@ def quality(table: Table1) -> Claim:
     labels = (mha, gqa, mqa)
     stats = [rows[m].plain_mean if m else None for m in labels]
     return rule.chain(name, labels, stats, "", higher=True, strict=False)
+
+
+def quality_loss(table: Table1) -> Claim:
+    name = "quality MHA ≥ GQA ≥ MQA after uptraining (Table 1, dev loss: lower is better)"
+    rows = {r.model: r for r in table.rows}
+    mqa, gqa, mha = _three(list(rows))
+    labels = (mha, gqa, mqa)
+    if any(m is not None and not rows[m].has_losses for m in labels):
+        return Claim(name, "no dev loss in results.json (evaluated before it was recorded)", MISSING)
+    stats = [rows[m].mean_loss if m else None for m in labels]
+    return rule.chain(name, labels, stats, "", higher=False, strict=False)
 
 
 def stability(table: Table1) -> Claim:
@@ -91,7 +109,15 @@ def stability(table: Table1) -> Claim:
         f"mean over tasks of the std over seeds: {mqa} {spreads[mqa]:.3g}, {gqa} {spreads[gqa]:.3g} "
         f"(noise {noise:.2g}, n ≥ {min(fewest)})"
     )
-    return Claim(name, evidence, rule.verdict(spreads[mqa] - spreads[gqa], noise))
+    return Claim(name, evidence, rule.verdict(spreads[mqa] - spreads[gqa], noise), noise)
+
+
+def untestable(claim: Claim) -> Claim:
+    """``claim`` marked not testable, the rule's verdict kept in its numbers."""
+    if claim.verdict == MISSING:
+        return claim
+    evidence = f"{claim.evidence}; by the rule alone: {claim.verdict}"
+    return dataclasses.replace(claim, evidence=evidence, verdict=NOT_TESTABLE)
 
 
 class PaperClaimsPart(Part[PaperClaims]):
@@ -100,13 +126,34 @@ class PaperClaimsPart(Part[PaperClaims]):
 
     def compute(self, records: Sequence[Record], schema: Mapping[str, Any], context: Context) -> PaperClaims:
         table, fig4, fig5 = (context.results[n] for n in self.needs)
-        return PaperClaims(
-            (decode_time(table), conversion(fig4), alpha_zero(fig5), quality(table), stability(table))
+        sanity: Sanity | None = context.results.get("sanity")
+        failed = tuple(c.claim for c in sanity.failed) if sanity is not None else ()
+        gate = untestable if failed else (lambda c: c)
+        quality_claims = (
+            conversion(fig4),
+            alpha_zero(fig5),
+            quality(table),
+            quality_loss(table),
+            stability(table),
         )
+        return PaperClaims((decode_time(table), *(gate(c) for c in quality_claims)), failed)
 
     def markdown(self, result: PaperClaims, files: Mapping[str, str]) -> list[str]:
-        rows = [[c.claim, c.evidence, f"**{c.verdict}**"] for c in result.claims]
-        return ["## The paper's claims", "", rule.RULE, "", *md.table(["claim", "numbers", "verdict"], rows)]
+        rows = [[c.claim, c.evidence, c.resolution(), f"**{c.verdict}**"] for c in result.claims]
+        gated = (
+            [f"Not testable at this setting: the sanity claims that failed ({'; '.join(result.gated_by)}) "
+             "say these runs cannot rank models, so no quality claim is judged; decode time is.", ""]
+            if result.gated_by
+            else []
+        )  # fmt: skip
+        return [
+            "## The paper's claims",
+            "",
+            rule.RULE,
+            "",
+            *gated,
+            *md.table(["claim", "numbers", "resolves", "verdict"], rows),
+        ]
 
 
 PART = PaperClaimsPart()

@@ -2,7 +2,8 @@
 
 :func:`collect`: one :class:`Record` per run of the sweep (ROOT/<run>/run.json, results.json,
 timing.json, metrics.jsonl); :func:`gather`: the selected runs grouped into cells, each a
-``stats.Stat`` over seeds; :func:`select` / :func:`in_part`: which runs a part takes.
+``stats.Stat`` over seeds; :func:`gather_times`: time cells, each a ``stats.Stat`` over the timing
+repeats of its runs (median and spread); :func:`select` / :func:`in_part`: which runs a part takes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,9 @@ class Record:
     status: str  # "done", "failed", ... from run.json; "not run" without one
     score: float | None = None  # results.json primary
     time: float | None = None  # timing.json time_per_sample_s
+    times: tuple[float, ...] = ()  # timing.json times_s / batch: each repeat's time per sample
+    prefill_times: tuple[float, ...] = ()  # timing.json prefill_times_s / batch (the prefill alone)
+    dev_loss: float | None = None  # results.json loss: teacher-forced NLL per target token
     loss: float | None = None  # last eval/loss of metrics.jsonl (a training run's dev loss)
     start_loss: float | None = None  # eval/loss at step 0 (eval_at_start: the converted model's)
     machine: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # timing.json's
@@ -55,6 +60,15 @@ def eval_losses(path: Path) -> tuple[float | None, float | None]:
     return (_finite(start[0]) if start else None), (_finite(rows[-1]["eval/loss"]) if rows else None)
 
 
+def _per_sample(timing: Mapping[str, Any], field: str) -> tuple[float, ...]:
+    """A timing.json list of end-to-end seconds divided by its batch (empty when either is missing)."""
+    batch, seconds = timing.get("batch"), timing.get(field)
+    if not isinstance(batch, int) or batch < 1 or not isinstance(seconds, list):
+        return ()
+    values = [_finite(t) for t in seconds]
+    return () if None in values else tuple(v / batch for v in values)  # type: ignore[operator]
+
+
 def read_run(root: Path, run: Run) -> Record:
     d = root / run.name
     info = _json(d / "run.json")
@@ -70,6 +84,9 @@ def read_run(root: Path, run: Run) -> Record:
         status,
         score=_finite(results.get("primary")),
         time=_finite(timing.get("time_per_sample_s")),
+        times=_per_sample(timing, "times_s"),
+        prefill_times=_per_sample(timing, "prefill_times_s"),
+        dev_loss=_finite(results.get("loss")),
         loss=last,
         start_loss=start,
         machine=timing.get("machine") or {},
@@ -106,17 +123,24 @@ def select(
     return lambda r: r.stage in stages and all(t in r.tags for t in tags) and in_part(r, part, exclude)
 
 
+def group(
+    records: Sequence[Record], pick: Callable[[Run], bool], key: Callable[[Run], Any]
+) -> dict[Any, list[Record]]:
+    """The picked runs' records by ``key``, keys and records in the sweep's order."""
+    groups: dict[Any, list[Record]] = {}
+    for rec in records:
+        if pick(rec.run):
+            groups.setdefault(key(rec.run), []).append(rec)
+    return groups
+
+
 def gather(
     records: Sequence[Record], pick: Callable[[Run], bool], key: Callable[[Run], Any], value: str
 ) -> dict[Any, Stat]:
     """Cells: the picked runs grouped by ``key``, each a Stat of their ``value`` attribute over
     seeds (``tags["seed"]``, else the run's place in its cell); keys in the sweep's order."""
-    groups: dict[Any, list[Record]] = {}
-    for rec in records:
-        if pick(rec.run):
-            groups.setdefault(key(rec.run), []).append(rec)
     out = {}
-    for k, recs in groups.items():
+    for k, recs in group(records, pick, key).items():
         values = {}
         for i, rec in enumerate(recs):
             v = getattr(rec, value) if rec.status == "done" else None
@@ -124,6 +148,39 @@ def gather(
                 values[rec.run.tags.get("seed", i)] = v
         out[k] = stat(values, len(recs))
     return out
+
+
+def gather_times(
+    records: Sequence[Record], pick: Callable[[Run], bool], key: Callable[[Run], Any], value: str = "times"
+) -> dict[Any, Stat]:
+    """Time cells: the picked runs grouped by ``key``, each a ``Stat`` over every timing repeat of
+    its done runs (``value``: ``times`` or ``prefill_times``, seconds per sample): ``mean`` the
+    median, ``std`` their sample std, ``n`` the repeats, ``seeds`` (run, repeat) -> time. A run
+    whose timing.json has no repeats (an older one) counts its ``time`` as one repeat."""
+    out = {}
+    for k, recs in group(records, pick, key).items():
+        values: dict[Any, float] = {}
+        for i, rec in enumerate(recs):
+            if rec.status != "done":
+                continue
+            repeats = getattr(rec, value) or (
+                (rec.time,) if value == "times" and rec.time is not None else ()
+            )
+            values.update({(i, j): t for j, t in enumerate(repeats)})
+        done = sum(r.status == "done" for r in recs)
+        out[k] = repeats_stat(values, len(recs), done)
+    return out
+
+
+def repeats_stat(values: Mapping[Any, float], runs: int, done: int) -> Stat:
+    """A time cell (:func:`gather_times`): the median and sample std of ``values``; ``expected``
+    scales ``n`` by ``runs / done`` (the repeats its runs not done would add)."""
+    xs = list(values.values())
+    if not xs:
+        return Stat(None, expected=runs)
+    std = statistics.stdev(xs) if len(xs) > 1 else None
+    expected = round(len(xs) * runs / max(done, 1))
+    return Stat(statistics.median(xs), std, len(xs), expected, dict(values))
 
 
 def unique(items: Any) -> list[Any]:

@@ -12,11 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gqa_jax.experiments.parts import fig3, fig4, fig5, fig6, paper_claims, table1
+from gqa_jax.experiments.parts import fig3, fig4, fig5, fig6, paper_claims, sanity_claims, table1
 from gqa_jax.experiments.parts.base import Part
 from gqa_jax.experiments.sweep import Sweep
 
-PARTS: tuple[Part[Any], ...] = (table1.PART, fig3.PART, fig4.PART, fig5.PART, fig6.PART, paper_claims.PART)
+PARTS: tuple[Part[Any], ...] = (
+    table1.PART,
+    fig3.PART,
+    fig4.PART,
+    fig5.PART,
+    fig6.PART,
+    sanity_claims.PART,
+    paper_claims.PART,
+)
 
 
 def check(parts: Sequence[Part[Any]]) -> None:

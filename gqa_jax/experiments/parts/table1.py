@@ -1,7 +1,9 @@
 """Table 1: per model, T_infer and the tasks' scores with their plain mean, the paper's beside them.
 
-Scores: evaluate runs tagged ``model`` and ``task``; T_infer: the mean of a model's time runs'
-cells (tagged ``model``; one cell per set of lengths, or any other tag but ``seed``). Runs another
+Scores: evaluate runs tagged ``model`` and ``task`` (their results.json primary, and its ``loss``,
+the teacher-forced dev loss, in a table of its own); T_infer: the mean of a model's time runs' cells
+(tagged ``model``; one cell per set of lengths, or any other tag but ``seed``), each cell the median
+of its timing repeats with their spread, and the prefill's share of it. Runs another
 part of the report takes (``Part.takes``: Fig. 4's ``method``, Fig. 5's ``alpha``, Fig. 6's
 ``groups``) are not the table's; time runs tagged that way are, though, when no other time run
 has a ``model`` tag.
@@ -16,7 +18,15 @@ from typing import Any
 
 from gqa_jax.experiments.parts import md
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
-from gqa_jax.experiments.parts.records import Record, gather, machine, select, task_columns, unique
+from gqa_jax.experiments.parts.records import (
+    Record,
+    gather,
+    gather_times,
+    machine,
+    select,
+    task_columns,
+    unique,
+)
 from gqa_jax.experiments.stats import Stat, mean_of
 
 
@@ -37,6 +47,13 @@ class Table1Row:
     scores: Mapping[str, Stat]  # task -> its cell
     plain_mean: Stat  # the mean over the tasks (missing when one is)
     paper: PaperRow
+    prefill: Stat = Stat(None)  # the prefill alone, as ``time`` (timing.json prefill_times_s)
+    losses: Mapping[str, Stat] = dataclasses.field(default_factory=dict)  # task -> dev loss cell
+    mean_loss: Stat = Stat(None)  # the mean dev loss over the tasks (missing when one is)
+
+    @property
+    def has_losses(self) -> bool:
+        return any(not s.missing for s in self.losses.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +80,14 @@ class Table1Part(Part[Table1]):
     def compute(self, records: Sequence[Record], schema: Mapping[str, Any], context: Context) -> Table1:
         taken = context.taken_by_others("evaluate", self.name)
         pick = select("evaluate", "model", "task", part=self.name, exclude=taken)
-        scores = gather(records, pick, lambda r: (r.tags["model"], r.tags["task"]), "score")
+        cell_of = lambda r: (r.tags["model"], r.tags["task"])  # noqa: E731
+        scores, losses = gather(records, pick, cell_of, "score"), gather(records, pick, cell_of, "dev_loss")
         others = context.taken_by_others("time", self.name)
         timed = select("time", "model", part=self.name, exclude=others)
         if others and not any(timed(rec.run) for rec in records):
             timed = select("time", "model", part=self.name)
-        times = gather(records, timed, lambda r: (r.tags["model"], _rest(r)), "time")
+        times = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)))
+        prefills = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)), "prefill_times")
         tasks = task_columns(schema, [t for _, t in scores])
         paper_rows = schema.get("rows", {})
         models = unique([*paper_rows, *(m for m, _ in scores), *(m for m, _ in times)])
@@ -76,6 +95,8 @@ class Table1Part(Part[Table1]):
         for m in models:
             cells = {t: scores.get((m, t), Stat(None)) for t, _ in tasks}
             time_cells = [s for (mm, _), s in times.items() if mm == m]
+            prefill_cells = [s for (mm, _), s in prefills.items() if mm == m]
+            loss_cells = {t: losses.get((m, t), Stat(None)) for t, _ in tasks}
             paper = paper_rows.get(m, {})
             paper_scores = paper.get("scores", {})
             paper_mean = [paper_scores.get(t) for t, _ in tasks]
@@ -90,13 +111,18 @@ class Table1Part(Part[Table1]):
                     scores=paper_scores,
                     plain_mean=None if None in paper_mean or not tasks else statistics.fmean(paper_mean),
                 ),
+                prefill=mean_of(prefill_cells) if prefill_cells else Stat(None),
+                losses=loss_cells,
+                mean_loss=mean_of(list(loss_cells.values())),
             ))  # fmt: skip
         return Table1(tuple(tasks), tuple(rows), schema.get("note"), machine(records))
 
     def markdown(self, result: Table1, files: Mapping[str, str]) -> list[str]:
+        prefill = any(not r.prefill.missing for r in result.rows)
         header = [
             "model",
             "T_infer (s)",
+            *(["of which prefill (s)"] if prefill else []),
             *(label for _, label in result.tasks),
             "Average (paper)",
             "plain mean",
@@ -107,22 +133,45 @@ class Table1Part(Part[Table1]):
             rows.append([
                 r.model,
                 md.cell(r.time, p.time, "time"),
+                *([md.fmt(r.prefill, "time")] if prefill else []),
                 *(md.cell(r.scores[t], p.scores.get(t)) for t, _ in result.tasks),
                 md.NOT_IN_SWEEP if p.average is None else str(p.average),
                 md.cell(r.plain_mean, None if p.plain_mean is None else round(p.plain_mean, 2)),
             ])  # fmt: skip
-        return [
+        lines = [
             "## Table 1",
             "",
-            f"T_infer: time per sample in seconds; ours: timing.json's time_per_sample_s (median over runs, "
-            f"compile excluded) on {result.machine}, the mean of a model's time runs (one per set of "
-            "lengths); the paper's: per TPUv4 chip. Scores: the dev sets' primary metric. "
+            "T_infer: time per sample in seconds; ours: the median of a time run's timing repeats "
+            f"(timing.json's times_s / batch, compile excluded; ± their sample std, n=repeats) on "
+            f"{result.machine}, the mean of a model's time runs (one per set of lengths); the paper's: "
+            "per TPUv4 chip."
+            + (" Of which prefill: the encoder and the cache's set-up alone (timing.json's "
+               "prefill_times_s), the rest is the decoder's steps." if prefill else "")
+            + " Scores: the dev sets' primary metric. "
             '"Average (paper)" is the paper\'s own column (it does not define it); "plain mean" is the mean '
             "over the tasks, ours (the paper's).",
             *([""] + [result.note] if result.note else []),
             "",
             *md.table(header, rows),
-        ]
+        ]  # fmt: skip
+        if any(r.has_losses for r in result.rows):
+            loss_rows = [
+                [
+                    r.model,
+                    *(md.fmt(r.losses[t], "loss") for t, _ in result.tasks),
+                    md.fmt(r.mean_loss, "loss"),
+                ]
+                for r in result.rows
+            ]
+            lines += [
+                "",
+                "Dev loss of the same evaluations (results.json loss): the teacher-forced mean negative "
+                "log-likelihood per target token of the fine-tuned model on the evaluated dev examples; "
+                "lower is better, and much less noisy than a decoded metric.",
+                "",
+                *md.table(["model", *(t for t, _ in result.tasks), "mean over the tasks"], loss_rows),
+            ]
+        return lines
 
     def csv(self, result: Table1) -> list[CsvRow]:
         rows = []
@@ -132,6 +181,11 @@ class Table1Part(Part[Table1]):
             rows += [csv_row(self.name, r.model, t, r.scores[t], p.scores.get(t)) for t, _ in result.tasks]
             rows.append(csv_row(self.name, r.model, "paper_average", None, p.average))
             rows.append(csv_row(self.name, r.model, "plain_mean", r.plain_mean, p.plain_mean))
+            if not r.prefill.missing:
+                rows.append(csv_row(self.name, r.model, "prefill_s", r.prefill))
+            if r.has_losses:
+                rows += [csv_row(self.name, r.model, f"dev_loss[{t}]", r.losses[t]) for t, _ in result.tasks]
+                rows.append(csv_row(self.name, r.model, "dev_loss[mean]", r.mean_loss))
         return rows
 
 

@@ -3,11 +3,13 @@ installed wheel (not a checkout) that runs the shipped sweeps and configs from a
 
 import ast
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import tomllib
@@ -74,21 +76,49 @@ def installed(tmp_path_factory):
     return target, env
 
 
+FIGURE_SWEEPS = ("fig4_conversion", "fig5_alpha", "fig6_groups")
+# Runs each argv through ``python -m gqa_jax``'s ``main`` in one process (a process per command
+# costs the imports each time): prints [{"rc", "out", "err"}, ...] and where ``shipped`` looks.
+DRIVER = """
+import contextlib, io, json, sys
+from gqa_jax import shipped
+from gqa_jax.__main__ import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    results.append({"rc": rc, "out": out.getvalue(), "err": err.getvalue()})
+where = [str(shipped.PACKAGE), str(shipped.checkout()), str(shipped.folder("experiments"))]
+print(json.dumps({"where": where, "results": results}))
+"""
+
+
 def test_an_installed_package_runs_the_shipped_sweeps_and_configs_from_anywhere(installed, tmp_path):
     target, env = installed
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-
-    def gqa(*args):
-        return subprocess.run([sys.executable, "-m", "gqa_jax", *args], cwd=elsewhere, env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-
-    where = subprocess.run(
-        [sys.executable, "-c", "from gqa_jax import shipped; print(shipped.PACKAGE, shipped.checkout(), "
-         "shipped.folder('experiments'))"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
-    assert where == [str(target / "gqa_jax"), "None", str(target / "gqa_jax" / "_shipped" / "experiments")]
+    commands = {
+        "dry": ["sweep", "mini", "--set", "scale=quick", "--root", "runs", "--dry-run"],
+        "tpu": ["sweep", "table1", "--root", "runs", "--dry-run", "--launcher", "tpu", "--tpu", "t",
+                "--zone", "z"],
+        **{s: ["sweep", s, "--root", "runs", "--dry-run"] for s in FIGURE_SWEEPS},
+        "missing": ["report", "nosuch", "--root", "runs"],
+        "path": ["sweep", "experiments/mini.py", "--root", "runs", "--dry-run"],  # a path is a path
+        "config": ["train", "--config", "nosuch:task=x", "--workdir", "w"],
+    }  # fmt: skip
+    ran = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(list(commands.values()))],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    found = json.loads(ran.stdout.splitlines()[-1])
+    out = dict(zip(commands, (SimpleNamespace(**r) for r in found["results"]), strict=True))
+    assert found["where"] == [
+        str(target / "gqa_jax"),
+        "None",
+        str(target / "gqa_jax" / "_shipped" / "experiments"),
+    ]
     for name in ("configs", "experiments", "scripts"):
         shipped_files = sorted(
             p.name for p in (target / "gqa_jax" / "_shipped" / name).iterdir() if p.is_file()
@@ -96,27 +126,20 @@ def test_an_installed_package_runs_the_shipped_sweeps_and_configs_from_anywhere(
         assert shipped_files == sorted(p.name for p in (REPO / name).iterdir() if p.suffix in (".py", ".sh"))
     assert os.access(target / "gqa_jax" / "_shipped" / "scripts" / "launch_tpu.sh", os.X_OK)
 
-    dry = gqa("sweep", "mini", "--set", "scale=quick", "--root", "runs", "--dry-run")
-    assert dry.returncode == 0, dry.stderr
-    assert f"--config {target}/gqa_jax/_shipped/configs/pretrain.py" in dry.stdout
-    assert str(REPO) not in dry.stdout
-    tpu = gqa(
-        "sweep", "table1", "--root", "runs", "--dry-run", "--launcher", "tpu", "--tpu", "t", "--zone", "z"
-    )
-    assert tpu.returncode == 0 and f"{target}/gqa_jax/_shipped/scripts/launch_tpu.sh" in tpu.stdout, (
-        tpu.stderr
-    )
-    for sweep in ("fig4_conversion", "fig5_alpha", "fig6_groups"):
-        assert gqa("sweep", sweep, "--root", "runs", "--dry-run").returncode == 0
+    assert out["dry"].rc == 0, out["dry"].err
+    assert f"--config {target}/gqa_jax/_shipped/configs/pretrain.py" in out["dry"].out
+    assert str(REPO) not in out["dry"].out
+    tpu = out["tpu"]
+    assert tpu.rc == 0 and f"{target}/gqa_jax/_shipped/scripts/launch_tpu.sh" in tpu.out, tpu.err
+    for sweep in FIGURE_SWEEPS:
+        assert out[sweep].rc == 0, out[sweep].err
     assert not (elsewhere / "runs").exists()  # a dry run writes nothing
-    missing = gqa("report", "nosuch", "--root", "runs")
-    assert missing.returncode == 2
+    assert out["missing"].rc == 2
     assert (
         "no shipped sweep file named 'nosuch'; the shipped ones: fig4_conversion, fig5_alpha"
-        in missing.stderr
+        in out["missing"].err
     )
-    path = gqa("sweep", "experiments/mini.py", "--root", "runs", "--dry-run")  # a path is a path
-    assert path.returncode == 2 and "sweep file experiments/mini.py does not exist" in path.stderr
-    config = gqa("train", "--config", "nosuch:task=x", "--workdir", "w")
-    assert config.returncode == 2 and "the shipped ones: base, finetune, pretrain, uptrain" in config.stderr
+    assert out["path"].rc == 2 and "sweep file experiments/mini.py does not exist" in out["path"].err
+    config = out["config"]
+    assert config.rc == 2 and "the shipped ones: base, finetune, pretrain, uptrain" in config.err
     assert sorted(p.name for p in elsewhere.iterdir()) == []

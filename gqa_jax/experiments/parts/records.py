@@ -168,11 +168,11 @@ def gather_times(
             )
             values.update({(i, j): t for j, t in enumerate(repeats)})
         done = sum(r.status == "done" for r in recs)
-        out[k] = repeats_stat(values, len(recs), done)
+        out[k] = _repeats_stat(values, len(recs), done)
     return out
 
 
-def repeats_stat(values: Mapping[Any, float], runs: int, done: int) -> Stat:
+def _repeats_stat(values: Mapping[Any, float], runs: int, done: int) -> Stat:
     """A time cell (:func:`gather_times`): the median and sample std of ``values``; ``expected``
     scales ``n`` by ``runs / done`` (the repeats its runs not done would add)."""
     xs = list(values.values())

@@ -11,7 +11,7 @@ import pytest
 from gqa_jax import model as model_lib
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
-from gqa_jax.tools import bench_hf, bench_models, decode_floor, info, measurement
+from gqa_jax.tools import bench_decode, bench_hf, bench_models, decode_floor, info, measurement
 
 
 def test_default_kv_heads_round_down_to_divisors():
@@ -40,6 +40,12 @@ def test_markdown_table_and_json():
     assert lines == ["| a | b |", "|---|---|", "| 1 | 0.5 |", "| 4 | 2.0 |"]
     res = {1: np.float32(0.5), "x": (np.arange(2), math.inf)}
     assert measurement.to_json(res) == {"1": 0.5, "x": [[0, 1], None]}
+
+
+def test_the_fused_step_below_the_timing_noise_is_nan_not_negative():
+    assert bench_decode.fused_step_s(0.010, 0.002, 4) == pytest.approx(0.002)
+    assert math.isnan(bench_decode.fused_step_s(0.002, 0.003, 4))  # seen on a loaded machine: -28x floor
+    assert math.isnan(bench_decode.fused_step_s(0.002, 0.002, 4))
 
 
 def test_bad_kv_heads_is_a_usage_error(capsys):
@@ -81,8 +87,11 @@ def test_bench_decode_end_to_end(tmp_path, capsys):
         assert len(row["stepped"]["step_latencies_s"]) == 3  # T - 1 steps after the first
     assert res["table_b"]["1"]["cache_ratio_to_mha"] == 0.25  # MQA: K / N = 1 / 4
     for k, row in res["floor"]["rows"].items():
-        for key in ("step_fused_over_floor", "step_p50_over_floor", "prefill_over_floor", "e2e_over_floor"):
+        for key in ("step_p50_over_floor", "prefill_over_floor", "e2e_over_floor"):
             assert _finite_positive(row[key]), (k, key, row[key])
+        # two loops' difference: NaN (printed "below noise") where the fused loop was not longer
+        fused = row["step_fused_over_floor"]
+        assert _finite_positive(fused) or math.isnan(fused), (k, fused)
     assert _finite_positive(res["floor"]["bandwidth"]["reference"]["gb_s"])
     assert _finite_positive(res["floor"]["matmul"]["gflop_s"])
     for length, row in res["table_a"].items():

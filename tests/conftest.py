@@ -1,12 +1,13 @@
 """Shared fixtures, built once per test session: a tiny SentencePiece vocabulary, and the
 embedded suite's corpus and docsum datasets from 16 stdlib files (for the subprocess tests).
 
-The session's processes (both xdist workers and every subprocess a test starts) share two
-settings, both about compile time, which is most of this suite's time (tiny programs, each run a
-few times):
-- XLA's LLVM optimization off (``--xla_backend_optimization_level=0``): measured on
-  test_decoding.py, test_model.py and test_convert.py with -n 2, 162 s -> 101 s; what the tests
-  check does not depend on it (the suite passes either way; benchmarks are not tests);
+The session's processes (both xdist workers and every subprocess a test starts) share three
+settings, all about compile time, which is most of this suite's time (tiny programs, each run a
+few times); what the tests check does not depend on them (the suite passes either way; benchmarks
+are not tests), and docs/testing.md has what each saved:
+- XLA's LLVM optimization off (``--xla_backend_optimization_level=0``);
+- XLA:CPU's older elemental emitters instead of its MLIR fusion emitters
+  (``--xla_cpu_use_fusion_emitters=false``): they compile tiny fusions faster;
 - one JAX persistent compilation cache: many tests compile the same programs, in other processes.
 """
 
@@ -25,7 +26,7 @@ CORPUS_WORDS = (
 
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
 def pytest_configure(config):
@@ -35,8 +36,10 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE}".strip()
+    for flag in FAST_COMPILE:
+        if flag.split("=")[0] not in flags:
+            flags = f"{flags} {flag}".strip()
+    os.environ["XLA_FLAGS"] = flags
     if os.environ.get(CACHE_ENV):
         return
     config._gqa_jax_cache = tempfile.mkdtemp(prefix="gqa_jax_test_jax_cache_")

@@ -74,3 +74,30 @@ def test_data_commands(capsys, tmp_path):
     assert "unknown task 'cnn'" in capsys.readouterr().err
     assert main(["data", "prepare", "mediasum", "--data-dir", str(tmp_path)]) == 2
     assert "--manual-dir" in capsys.readouterr().err
+
+
+def test_qa_window_holds_the_answers_def_at_a_place_chosen_by_the_id():
+    body = "".join(f"def f{i}(x):\n    '''Doc {i}.'''\n    return x + {i}\n\n" for i in range(60))
+    source = body.replace("    '''Doc 37.'''\n", "")  # the question's function, its docstring removed
+    places = set()
+    for key in ("m.py:f37:1", "m.py:f37:2", "m.py:f37:3", "other"):
+        window = tasks.qa_window(source, "f37", key)
+        assert len(window) == tasks.QA_WINDOW_CHARS and "def f37(x):" in window
+        assert window == tasks.qa_window(source, "f37", key)  # the same on every read
+        places.add(window.index("def f37("))
+        assert window.index("def f37(") <= tasks.QA_WINDOW_CHARS // 2
+    assert len(places) > 1  # the answer is not always at the same place
+    assert "def f3(" in tasks.qa_window(source, "f3", "k")  # near the start
+    assert "def f59(" in tasks.qa_window(source, "f59", "k")  # at the end: the window ends there
+    assert tasks.qa_window("def g(): pass\n", "g", "k") == "def g(): pass\n"  # shorter than a window
+    assert tasks.qa_window(source, "missing", "k") == source  # no such def: the whole source
+    assert "def f370(" in tasks.qa_window(source.replace("def f37(", "def f370("), "f370", "k")  # whole names
+    assert tasks.qa_window(source.replace("def f37(", "def f370("), "f37", "k") == source.replace(
+        "def f37(", "def f370("
+    )
+    task = tasks.get_task("stdlib_qa_window")
+    assert (task.source, task.input_length, task.target_length, task.metric) == ("stdlib_qa", 256, 8, "f1_em")
+    example = {"id": b"m.py:f37:1", "source": source.encode(), "question": b"Add 37.", "answer": b"f37"}
+    inputs = task.input_text(example)
+    assert inputs.startswith("question: Add 37. context: ") and "def f37(x):" in inputs
+    assert len(inputs) == len("question: Add 37. context: ") + tasks.QA_WINDOW_CHARS

@@ -22,6 +22,7 @@ stdlib_span        stdlib_corpus               span corruption     512/114    -
 stdlib_docsum      stdlib_docsum               source->summary     512/64     rouge
 stdlib_modsum      stdlib_modsum               source->summary     2048/128   rouge
 stdlib_qa          stdlib_qa                   question+source     2048/16    f1_em
+stdlib_qa_window   stdlib_qa                   question+window     256/8      f1_em
 =================  ==========================  ==================  =========  ========
 
 ``open_split(task, split, data_dir)`` returns the random-access source, with a clear error for
@@ -31,8 +32,10 @@ an unknown split or a dataset that is not prepared (naming the command that prep
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -154,6 +157,27 @@ def _stdlib_qa_inputs(example: Example) -> str:
     return f"question: {text(example['question'])} context: {text(example['source'])}"
 
 
+QA_WINDOW_CHARS = 640  # stdlib_qa_window's context: ~200 tokens of a 2,000-piece vocabulary
+
+
+def qa_window(source: str, answer: str, key: str, width: int = QA_WINDOW_CHARS) -> str:
+    """``width`` characters of ``source`` holding the line that defines ``answer``: the window
+    starts up to half its width before that line (how far: from a hash of ``key``, the example's
+    id, so the answer's place varies and is the same on every read); the whole source when no
+    line defines it."""
+    found = re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(answer)}\b", source, re.M)
+    if found is None or len(source) <= width:
+        return source
+    lead = int(hashlib.sha256(key.encode()).hexdigest(), 16) % (width // 2)
+    start = max(0, min(found.start() - lead, len(source) - width))
+    return source[start : start + width]
+
+
+def _stdlib_qa_window_inputs(example: Example) -> str:
+    source = qa_window(text(example["source"]), text(example["answer"]), text(example["id"]))
+    return f"question: {text(example['question'])} context: {source}"
+
+
 _SUMMARIZE = "summarize: "
 
 
@@ -217,6 +241,10 @@ TASKS: dict[str, Task] = {
                target_length=16, metric="f1_em",
                description="embedded: module source + a docstring sentence -> the function's name "
                "(like TriviaQA)"),
+        _suite("stdlib_qa_window", "stdlib_qa", inputs=_stdlib_qa_window_inputs, targets="answer",
+               input_length=256, target_length=8, metric="f1_em",
+               description="embedded: stdlib_qa with the context cut to a 640-character window "
+               "holding the answer's def (short inputs)"),
     ]
 }  # fmt: skip
 

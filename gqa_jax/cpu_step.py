@@ -49,8 +49,9 @@ def use_for(mesh: Any) -> bool:
     """Whether a decode loop on ``mesh`` (None: no mesh) should take the CPU fast path: the CPU
     backend and a single device. Asked on the host, once per call, by the decode entry points;
     the answer is the loop's static ``DecodeConfig.cpu_fast_path``."""
-    one_device = mesh is None or mesh.devices.size == 1
-    return one_device and jax.default_backend() == "cpu"
+    if mesh is None:
+        return jax.default_backend() == "cpu"
+    return mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"  # a TPU slice's mesh too
 
 
 def encode_chunk_rows(batch: int, input_len: int) -> int:

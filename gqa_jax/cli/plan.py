@@ -27,6 +27,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "(default: MHA, K = num_heads)",
     )
     p.add_argument("--mesh", default="1x8", help="DATAxMODEL devices (default: %(default)s)")
+    p.add_argument(
+        "--topology",
+        default=None,
+        help="compile for a TPU slice with libtpu's compiler on this host, no TPU needed (e.g. v4:2x4x4, "
+        "v5e:2x4, v5p:2x2x1; chips): --mesh must hold all its chips; needs requirements-tpu.txt",
+    )
     options.add_batch(p, required=True, help="rows per step, a multiple of the data axis size")
     options.add_input_len(p, default=2048)
     options.add_output_len(
@@ -35,8 +41,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hbm-gib",
         type=float,
-        default=DEFAULT_HBM_GIB,
-        help="memory per device, GiB (default: %(default)s, TPU v4; v5p 95, H100 80)",
+        default=None,
+        help=f"memory per device, GiB (default: the TPU chip's with --topology, else {DEFAULT_HBM_GIB:g}, "
+        "TPU v4; v5p 95, H100 80)",
     )
     options.add_dtype(
         p,
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dtype=args.cache_dtype, param_dtype=args.param_dtype, num_microbatches=args.num_microbatches,
         remat=args.remat,
         fsdp=args.fsdp, scan_layers=args.scan_layers, programs=programs, batch_search=search,
+        topology=args.topology,
     )  # fmt: skip
     res = plan.plan(settings, log=log)
     print(plan_report.report(res), flush=True)

@@ -62,11 +62,13 @@ from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import DecodeConfig, ModelConfig, preset
 from gqa_jax.model import EOS_ID
+from gqa_jax.tools import tpu_topology
 from gqa_jax.tools.batch_search import search_batch
 from gqa_jax.tools.compiled_memory import (
     GIB,
     argument_bytes,
     compile_lowered,
+    cost,
     device_bytes,
     memory,
     with_shardings,
@@ -84,7 +86,7 @@ class PlanSettings:
     batch: int
     input_len: int
     output_len: int
-    hbm_gib: float = DEFAULT_HBM_GIB
+    hbm_gib: float | None = None  # None: the TPU chip's with ``topology``, else DEFAULT_HBM_GIB
     dtype: str = "bfloat16"  # activations; the decode params and the KV cache
     cache_dtype: str | None = None  # the decode loop's KV cache (None: dtype; int8 / fp8: kv_quant)
     param_dtype: str = "float32"  # the train step's params (and so its optimizer state)
@@ -94,6 +96,7 @@ class PlanSettings:
     scan_layers: bool = False  # the train step's layers as one lax.scan (ModelConfig.scan_layers)
     programs: tuple[str, ...] = PROGRAMS
     batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
+    topology: str | None = None  # a TPU slice (tools.tpu_topology): its devices and compiler, not this host's
 
 
 # ------------------------------------------------------------------------------- the setup
@@ -106,6 +109,8 @@ class _Setup:
     decode_config: ModelConfig
     mesh: Any
     data: int
+    hbm_gib: float = DEFAULT_HBM_GIB
+    tpu: Any = None  # tpu_topology.TpuSlice with --topology
     optimizer: Any = None
     rules: Any = None  # the train step's rule table
     train_graphdef: Any = None
@@ -123,7 +128,7 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
         raise ValueError(f"unknown program(s) {unknown}; choose from {', '.join(PROGRAMS)}")
     if not settings.programs:
         raise ValueError("nothing to plan: give at least one program (train, decode)")
-    if not settings.hbm_gib > 0:
+    if settings.hbm_gib is not None and not settings.hbm_gib > 0:
         raise ValueError(f"--hbm-gib must be positive, got {settings.hbm_gib}")
     for name in ("batch", "input_len", "output_len", "num_microbatches"):
         value = getattr(settings, name)
@@ -140,7 +145,7 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
         overrides["num_kv_heads"] = settings.num_kv_heads
     train_config = preset(settings.preset, **overrides)
     decode_config = train_config.replace(param_dtype=settings.dtype, remat="none", scan_layers=False)
-    mesh = sharding_lib.make_mesh(settings.mesh)
+    mesh = _mesh(settings)
     data = mesh.shape["data"]
     if settings.batch % data:
         raise ValueError(
@@ -156,9 +161,28 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
     return train_config, decode_config, mesh
 
 
+def _mesh(settings: PlanSettings) -> Any:
+    """This host's devices, or with ``topology`` the TPU slice's (the mesh must hold all of them)."""
+    if settings.topology is None:
+        return sharding_lib.make_mesh(settings.mesh)
+    tpu = tpu_topology.slice_devices(settings.topology)
+    data, model = sharding_lib.parse_mesh_shape(settings.mesh)
+    if data * model != tpu.chips:
+        raise ValueError(
+            f"mesh {settings.mesh} has {data * model} devices but TPU slice {tpu.name} has {tpu.chips} "
+            f"chips: give --mesh DATAxMODEL with DATA x MODEL = {tpu.chips} (e.g. {tpu.chips}x1)"
+        )
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh((data, model), sharding_lib.MESH_AXES, axis_types=auto, devices=tpu.devices)
+
+
 def _setup(settings: PlanSettings) -> _Setup:
     train_config, decode_config, mesh = check_settings(settings)
     s = _Setup(settings, train_config, decode_config, mesh, mesh.shape["data"])
+    if settings.topology is not None:
+        s.tpu = tpu_topology.slice_devices(settings.topology)
+    chip_hbm = s.tpu.chip.hbm_gib if s.tpu is not None else DEFAULT_HBM_GIB
+    s.hbm_gib = settings.hbm_gib if settings.hbm_gib is not None else chip_hbm
     if "train" in settings.programs:
         s.optimizer = training.make_optimizer(training.OptimizerConfig())
         s.rules = sharding_lib.train_rules(settings.fsdp, train_config.d_model, mesh)
@@ -198,13 +222,14 @@ def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
     )  # fmt: skip
     inputs = train_batch(setup, batch)
     start = time.perf_counter()
-    compiled = compile_lowered(jitted.lower(setup.train_state, inputs))
+    compiled = compile_lowered(jitted.lower(setup.train_state, inputs), _platform(setup.mesh))
     seconds = time.perf_counter() - start
     state = setup.train_state
     return {
         "batch": batch,
         "compile_s": seconds,
         "memory": memory(compiled),
+        "cost": cost(compiled),
         "arguments_bytes": argument_bytes(compiled, (state, inputs)),
         "outputs_bytes": device_bytes(compiled.out_info),
         "num_outputs": len(jax.tree.leaves(compiled.out_info)),
@@ -229,7 +254,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
                             cpu_fast_path=cpu_step.use_for(mesh)),  # as greedy_decode on this mesh
         mesh=mesh, rules=None,
     )  # fmt: skip
-    compiled = compile_lowered(lowered)
+    compiled = compile_lowered(lowered, _platform(setup.mesh))
     seconds = time.perf_counter() - start
     cache = compiled.out_info.cache  # the final DecodeState's cache, at the compiler's shardings
     self_bytes = device_bytes((cache.self_k, cache.self_v))
@@ -241,6 +266,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
         "batch": batch,
         "compile_s": seconds,
         "memory": memory(compiled),
+        "cost": cost(compiled),
         "arguments_bytes": argument_bytes(compiled, (setup.decode_params, ids, key, temperature)),
         "outputs_bytes": device_bytes(compiled.out_info),
         "num_outputs": len(jax.tree.leaves(compiled.out_info)),
@@ -278,7 +304,7 @@ def plan(settings: PlanSettings, log: Callable[[str], None] = lambda m: None) ->
     start = time.perf_counter()
     s = settings
     setup = _setup(s)
-    limit = int(s.hbm_gib * GIB)
+    limit = int(setup.hbm_gib * GIB)
     log(
         f"set up {s.preset} K={setup.train_config.num_kv_heads} on mesh {s.mesh} "
         f"in {time.perf_counter() - start:.1f} s"
@@ -312,17 +338,23 @@ def plan(settings: PlanSettings, log: Callable[[str], None] = lambda m: None) ->
         "settings": dataclasses.asdict(s),
         "config": setup.train_config.to_dict(),
         "mesh": {"data": setup.data, "model": setup.mesh.shape["model"]},
-        "backend": jax.default_backend(),
-        "device_kind": jax.devices()[0].device_kind,
+        "backend": _platform(setup.mesh),
+        "device_kind": setup.mesh.devices.flat[0].device_kind,
+        "topology": dataclasses.asdict(setup.tpu.chip) | {"name": setup.tpu.name} if setup.tpu else None,
+        "hbm_gib": setup.hbm_gib,
         "hbm_bytes": limit,
         "replication": {
             "params": [dataclasses.asdict(r) for r in setup.param_replicated],
             "params_report": sharding_lib.replication_report(setup.param_replicated),
         },
         "programs": results,
-        "checks": checks(results),
+        "checks": checks(results, _platform(setup.mesh)),
         "wall_s": time.perf_counter() - start,
     }
+
+
+def _platform(mesh: Any) -> str:
+    return mesh.devices.flat[0].platform
 
 
 def _step(setup: _Setup, program: str) -> int:
@@ -330,12 +362,17 @@ def _step(setup: _Setup, program: str) -> int:
     return setup.data * (setup.settings.num_microbatches if program == "train" else 1)
 
 
-def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
+def checks(results: dict[str, Any], platform: str = "cpu") -> list[dict[str, Any]]:
     """Consistency checks, bytes per device: what the shardings and the cache formula give vs the
-    compiled executable (``memory_analysis`` and its output shardings)."""
+    compiled executable (``memory_analysis`` and its output shardings). A TPU executable pads its
+    arguments and outputs to the chip's memory tiles, so there the compiled sizes of those two
+    checks are at least the logical bytes, not equal to them (the cache arrays stay exact)."""
     out = []
+    padded = platform == "tpu"
 
     def check(program: str, what: str, expected: int, compiled: int, ok: bool | None = None) -> None:
+        if padded and what.startswith(("arguments", "outputs")):
+            what, ok = what + " (TPU: at least, arrays padded to memory tiles)", compiled >= expected
         ok = expected == compiled if ok is None else ok
         out.append({"program": program, "what": what, "expected": expected, "compiled": compiled, "ok": ok})
 

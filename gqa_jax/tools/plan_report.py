@@ -22,6 +22,12 @@ def _label(program: str) -> str:
     return "train step" if program == "train" else "decode (greedy)"
 
 
+def _slice(res: dict[str, Any]) -> str:
+    """ ", TPU slice v4:2x4x4 (libtpu's compiler on this host)" for a plan of a TPU topology."""
+    topology = res.get("topology")
+    return f", TPU slice {topology['name']}: libtpu's compiler, no TPU attached" if topology else ""
+
+
 def report(res: dict[str, Any]) -> str:
     """Markdown: the per-device table, the largest batches, the K/V-head layout, the checks."""
     s, cfg, progs = res["settings"], res["config"], res["programs"]
@@ -49,7 +55,7 @@ def report(res: dict[str, Any]) -> str:
             else ""
         )
         + f". Compiled ahead of time for the {res['backend']} backend "
-        f"({res['device_kind']}); fits = total <= {s['hbm_gib']:g} GiB.",
+        f"({res['device_kind']}{_slice(res)}); fits = total <= {res['hbm_gib']:g} GiB.",
         "",
     ]
 
@@ -82,7 +88,7 @@ def report(res: dict[str, Any]) -> str:
     if searched:
         lines += [
             "",
-            f"## Largest batch that fits {s['hbm_gib']:g} GiB per device",
+            f"## Largest batch that fits {res['hbm_gib']:g} GiB per device",
             "",
         ]
 

@@ -1,0 +1,99 @@
+"""The TPU compiler on this CPU host (libtpu from requirements-test.txt): ``plan --topology`` compiles
+a tiny model's train step and decode loop for a v4 slice, and its numbers are the TPU executable's;
+bad topologies, a mesh that does not match the slice and libtpu missing are one line each; a CPU
+process with libtpu installed does not load it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gqa_jax.__main__ import main
+from gqa_jax.errors import RunError
+from gqa_jax.tools import plan, tpu_topology
+
+
+def settings(**kw):
+    fields = dict(preset="tiny", num_kv_heads=2, mesh="2x2", batch=8, input_len=64, output_len=16,
+                  batch_search=(), topology="v4:2x2x1")  # fmt: skip
+    return plan.PlanSettings(**{**fields, **kw})
+
+
+@pytest.fixture(scope="module")
+def tpu_plan():
+    return plan.plan(settings())
+
+
+def test_a_tiny_models_train_and_decode_compile_for_a_v4_slice(tpu_plan):
+    res = tpu_plan
+    assert res["backend"] == "tpu" and res["device_kind"] == "TPU v4"
+    assert res["topology"]["name"] == "v4:2x2x1" and res["hbm_gib"] == 32.0  # the v4 chip's HBM
+    assert res["mesh"] == {"data": 2, "model": 2}
+    for program in ("train", "decode"):
+        row = res["programs"][program]
+        assert row["memory"]["total"] > 0 and row["fits"]
+        assert row["cost"]["flops"] > 0 and row["cost"]["bytes_accessed"] > 0
+    assert all(c["ok"] for c in res["checks"]), res["checks"]
+    # the TPU pads arrays to its memory tiles: its argument bytes exceed the logical ones
+    train_args = [c for c in res["checks"] if c["program"] == "train" and c["what"].startswith("arguments")]
+    assert train_args[0]["compiled"] > train_args[0]["expected"] and "TPU" in train_args[0]["what"]
+
+
+def test_the_tpu_executables_numbers_differ_from_xla_cpus(tpu_plan):
+    """The same programs on one CPU device: other temporaries and arguments, the K/V cache the same."""
+    cpu = plan.plan(settings(mesh="1x1", batch=2, topology=None))
+    tpu_one = plan.plan(settings(mesh="4x1", batch=8))  # 2 rows per chip as on the CPU's one device
+    assert cpu["backend"] == "cpu" and tpu_one["backend"] == "tpu"
+    for program in ("train", "decode"):
+        c, t = cpu["programs"][program], tpu_one["programs"][program]
+        assert c["memory"]["temp"] != t["memory"]["temp"], program
+        assert c["memory"]["argument"] != t["memory"]["argument"], program
+    assert cpu["programs"]["decode"]["cache_compiled"] == tpu_one["programs"]["decode"]["cache_compiled"]
+
+
+def test_bad_topologies_and_a_mismatched_mesh_are_one_line(capsys):
+    with pytest.raises(ValueError, match=r"unknown TPU generation 'v9'.*v4, v5e, v5p"):
+        tpu_topology.parse_topology("v9:2x2")
+    with pytest.raises(ValueError, match=r"'v4-8' is not GENERATION:AxBxC"):
+        tpu_topology.parse_topology("v4-8")
+    with pytest.raises(ValueError, match=r"a v4 topology has 3 dimensions, AxBxC chips"):
+        tpu_topology.parse_topology("v4:2x2")
+    with pytest.raises(ValueError, match=r"libtpu does not know the TPU topology 'v4:1x1x1'"):
+        tpu_topology.slice_devices("v4:1x1x1")  # smaller than a v4 host
+    with pytest.raises(ValueError, match=r"mesh 1x8 has 8 devices but TPU slice v4:2x2x1 has 4 chips"):
+        plan.check_settings(settings(mesh="1x8"))
+    argv = ["plan", "--topology", "v9:2x2", "--preset", "tiny", "--batch", "8", "--mesh", "2x2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown TPU generation 'v9'" in err[0]
+
+
+def test_without_libtpu_the_error_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setattr(tpu_topology, "libtpu_installed", lambda: False)
+    tpu_topology.slice_devices.cache_clear()
+    with pytest.raises(RunError, match=r"needs libtpu.*pip install -r requirements-tpu.txt"):
+        tpu_topology.slice_devices("v5e:2x4")
+    assert main(["plan", "--topology", "v5e:2x4", "--preset", "tiny", "--batch", "8", "--mesh", "8x1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install -r requirements-tpu.txt" in err[0]
+
+
+def test_a_cpu_process_with_libtpu_installed_does_not_load_it():
+    """libtpu is installed here (the tests need it), no TPU is attached: a gqa_jax process starts
+    the CPU backend alone, without libtpu's warnings; a platform the user sets is kept."""
+    code = "import gqa_jax, jax; print(jax.devices()[0].platform, jax.config.jax_platforms)"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cpu", "cpu"]
+    assert "TPU" not in out.stderr and "libtpu" not in out.stderr, out.stderr
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(env, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["cpu", "cpu"]

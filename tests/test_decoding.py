@@ -64,8 +64,10 @@ def test_cpu_decode_loop_takes_weight_products_out_major():
         config = DecodeConfig(max_decode_len=MAX, eos_id=1, cpu_fast_path=fast)
         assert ("optimization_barrier" in decoding.decode_loop.lower(*args, config=config).as_text()) == fast
     assert not DecodeConfig(max_decode_len=MAX).cpu_fast_path
-    assert cpu_step.use_for(None) and cpu_step.use_for(SimpleNamespace(devices=np.empty((1, 1))))
-    assert not cpu_step.use_for(SimpleNamespace(devices=np.empty((2, 4))))  # a mesh of 8 devices
+    cpu, tpu = jax.devices()[0], SimpleNamespace(platform="tpu")
+    assert cpu_step.use_for(None) and cpu_step.use_for(SimpleNamespace(devices=np.full((1, 1), cpu)))
+    assert not cpu_step.use_for(SimpleNamespace(devices=np.full((2, 4), cpu)))  # a mesh of 8 devices
+    assert not cpu_step.use_for(SimpleNamespace(devices=np.full((1, 1), tpu)))  # one chip of a TPU slice
 
 
 def test_the_decode_entry_points_set_the_cpu_fast_path_on_the_host(monkeypatch):

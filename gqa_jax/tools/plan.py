@@ -40,7 +40,10 @@ state and the cache are exact everywhere. XLA:CPU computes bfloat16 matmuls in f
 makes float32 copies of their bfloat16 operands: the plan keeps these per decode step rather than
 hoisted out of the loop (``compiled_memory.CPU_COMPILE_OPTIONS``), but the train step's
 temporaries on CPU still hold some float32 where a TPU holds bfloat16. Run the same command on
-the target machine for its compiler's numbers.
+the target machine for its compiler's numbers, or give ``topology`` (``--topology v4:2x4x4``):
+the mesh is then built over that TPU slice's devices (``tools.tpu_topology``: libtpu on this
+host, no TPU attached) and the TPU compiler compiles the programs; its executable pads arguments
+and outputs to the chip's memory tiles (``checks`` allow for it).
 
 The measuring side is ``tools.compiled_memory``, the batch search ``tools.batch_search``.
 """

@@ -97,3 +97,34 @@ def test_a_cpu_process_with_libtpu_installed_does_not_load_it():
         check=True,
     )
     assert out.stdout.split() == ["cpu", "cpu"]
+
+
+REFUSAL = (
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+    "(235.71G) exceeds available HBM (30.75G)."
+)
+
+
+def test_a_program_the_tpu_compiler_refuses_is_a_row_that_does_not_fit(monkeypatch):
+    """The TPU compiler refuses a program whose temporaries exceed the chip's HBM (seen: the XXL
+    train step without remat on v4:4x4x4): the train row keeps the numbers it names; a refused
+    decode loop is one clear error. (The refusal is simulated here; the tiny programs fit.)"""
+    from gqa_jax.tools import compiled_memory, plan_report
+
+    over = compiled_memory.over_hbm(RuntimeError(REFUSAL))
+    assert over["temp"] == int(235.71 * 2**30) and over["available"] == int(30.75 * 2**30)
+    assert compiled_memory.over_hbm(RuntimeError("INTERNAL: something else")) is None
+
+    def refuse(lowered, platform=None):
+        raise RuntimeError(REFUSAL)
+
+    monkeypatch.setattr(plan, "compile_lowered", refuse)
+    res = plan.plan(settings(mesh="1x1", batch=2, topology=None, programs=("train",)))
+    row = res["programs"]["train"]
+    assert not row["fits"] and row["refused"] == REFUSAL and row["memory"]["temp"] == over["temp"]
+    assert row["memory"]["total"] == row["memory"]["temp"] + row["memory"]["argument"] > 0
+    assert res["checks"] == []  # no executable to check
+    text = plan_report.report(res)
+    assert "NO (refused)" in text and "The TPU compiler refused the train step at batch 2" in text
+    with pytest.raises(ValueError, match=r"refused the decode loop at batch 2: RESOURCE_EXHAUSTED"):
+        plan.plan(settings(mesh="1x1", batch=2, topology=None, programs=("decode",)))

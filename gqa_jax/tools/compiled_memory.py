@@ -5,6 +5,7 @@ side): compiling with the plan's CPU options, one device's bytes of a tree of sh
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import jax
@@ -100,3 +101,18 @@ def cost(compiled: Any) -> dict[str, float]:
         "flops": float(analysis.get("flops", 0.0)),
         "bytes_accessed": float(analysis.get("bytes accessed", 0.0)),
     }
+
+
+_OVER_HBM = re.compile(r"HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def over_hbm(err: BaseException) -> dict[str, Any] | None:
+    """The TPU compiler's refusal of a program whose temporaries exceed the chip's HBM ("Ran out of
+    memory on HBM, the total memory required for HLO temporaries (235.71G) exceeds available HBM
+    (30.75G)"): the bytes it names and its message; None for any other error."""
+    found = _OVER_HBM.search(str(err))
+    if found is None:
+        return None
+    temp, available = (int(float(found[i]) * _UNITS[found[i + 1]]) for i in (1, 3))
+    return {"temp": temp, "available": available, "message": str(err).strip().splitlines()[0]}

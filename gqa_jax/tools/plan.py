@@ -75,6 +75,7 @@ from gqa_jax.tools.compiled_memory import (
     cost,
     device_bytes,
     memory,
+    over_hbm,
     with_shardings,
 )
 
@@ -228,9 +229,14 @@ def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
     )  # fmt: skip
     inputs = train_batch(setup, batch)
     start = time.perf_counter()
-    compiled = compile_lowered(jitted.lower(setup.train_state, inputs), _platform(setup.mesh))
-    seconds = time.perf_counter() - start
     state = setup.train_state
+    try:
+        compiled = compile_lowered(jitted.lower(state, inputs), _platform(setup.mesh))
+    except Exception as err:  # the TPU compiler refuses a program over the chip's HBM
+        if (over := over_hbm(err)) is None:
+            raise
+        return _refused_train(batch, time.perf_counter() - start, state, inputs, over)
+    seconds = time.perf_counter() - start
     return {
         "batch": batch,
         "compile_s": seconds,
@@ -243,6 +249,32 @@ def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
         "params_bytes": device_bytes(state.params),
         "optimizer_bytes": device_bytes(state.opt_state),
         "other_state_bytes": device_bytes((state.step, state.rng)),
+    }
+
+
+def _refused_train(
+    batch: int, seconds: float, state: Any, inputs: Any, over: dict[str, Any]
+) -> dict[str, Any]:
+    """A train step the TPU compiler refused: its logical arguments and the temporaries the
+    compiler named (total = their sum, a lower bound); no executable, so no outputs or cost."""
+    parts = {
+        "inputs_bytes": device_bytes(inputs),
+        "params_bytes": device_bytes(state.params),
+        "optimizer_bytes": device_bytes(state.opt_state),
+        "other_state_bytes": device_bytes((state.step, state.rng)),
+    }
+    argument = sum(parts.values())
+    mem = {"argument": argument, "output": 0, "alias": 0, "temp": over["temp"], "generated_code": 0}
+    return {
+        "batch": batch,
+        "compile_s": seconds,
+        "memory": {**mem, "host": 0, "total": argument + over["temp"]},
+        "cost": {"flops": 0.0, "bytes_accessed": 0.0},
+        "arguments_bytes": {"all": argument, "kept": argument},
+        "outputs_bytes": 0,
+        "num_outputs": 0,
+        **parts,
+        "refused": over["message"],
     }
 
 
@@ -260,7 +292,15 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
                             cpu_fast_path=cpu_step.use_for(mesh)),  # as greedy_decode on this mesh
         mesh=mesh, rules=None,
     )  # fmt: skip
-    compiled = compile_lowered(lowered, _platform(setup.mesh))
+    try:
+        compiled = compile_lowered(lowered, _platform(setup.mesh))
+    except Exception as err:
+        if (over := over_hbm(err)) is None:
+            raise
+        raise ValueError(
+            f"the TPU compiler refused the decode loop at batch {batch}: {over['message']} (try a smaller "
+            "--batch, --cache-dtype int8 or a larger slice)"
+        ) from None
     seconds = time.perf_counter() - start
     cache = compiled.out_info.cache  # the final DecodeState's cache, at the compiler's shardings
     self_bytes = device_bytes((cache.self_k, cache.self_v))
@@ -383,6 +423,8 @@ def checks(results: dict[str, Any], platform: str = "cpu") -> list[dict[str, Any
         out.append({"program": program, "what": what, "expected": expected, "compiled": compiled, "ok": ok})
 
     for program, r in results.items():
+        if "refused" in r:  # no executable to check against
+            continue
         args, m = r["arguments_bytes"], r["memory"]
         parts = r["params_bytes"] + r["optimizer_bytes"] + r["other_state_bytes"] + r["inputs_bytes"]
         unused = args["all"] - args["kept"]

@@ -22,6 +22,10 @@ def _label(program: str) -> str:
     return "train step" if program == "train" else "decode (greedy)"
 
 
+def _fits(row: dict[str, Any]) -> str:
+    return "yes" if row["fits"] else ("NO (refused)" if "refused" in row else "NO")
+
+
 def _slice(res: dict[str, Any]) -> str:
     """ ", TPU slice v4:2x4x4 (libtpu's compiler on this host)" for a plan of a TPU topology."""
     topology = res.get("topology")
@@ -74,10 +78,16 @@ def report(res: dict[str, Any]) -> str:
             ("temporaries", lambda p: u(progs[p]["memory"]["temp"])),
             ("outputs - aliased", lambda p: u(progs[p]["memory"]["output"] - progs[p]["memory"]["alias"])),
             ("total", lambda p: u(progs[p]["memory"]["total"])),
-            ("fits?", lambda p: "yes" if progs[p]["fits"] else "NO"),
+            ("fits?", lambda p: _fits(progs[p])),
         ],
         list(progs),
     )
+    for p in (p for p in progs if "refused" in progs[p]):
+        lines += [
+            "",
+            f'The TPU compiler refused the {_label(p)} at batch {progs[p]["batch"]}: "{progs[p]["refused"]}" '
+            "Its temporaries are the ones it names, its total the arguments plus those (a lower bound).",
+        ]
     lines += [
         "",
         "total = argument (params + optimizer state + inputs) + output - aliased (the donated train state) "

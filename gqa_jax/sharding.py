@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "model")
@@ -109,8 +110,16 @@ def make_mesh(shape: str | Sequence[int], devices: Sequence[Any] | None = None) 
         # Auto axes: shardings of intermediates are propagated by the compiler (GSPMD), constrained
         # where we say so; explicit-sharding mode would demand an out_sharding on every gather.
         auto = (jax.sharding.AxisType.Auto,) * 2
-        return jax.make_mesh((data, model), MESH_AXES, axis_types=auto)
+        return Mesh(device_grid((data, model), available), MESH_AXES, axis_types=auto)
     return Mesh(np.asarray(available[: data * model]).reshape(data, model), MESH_AXES)
+
+
+def device_grid(shape: Sequence[int], devices: Sequence[Any]) -> np.ndarray:
+    """``devices`` as an array of ``shape``, ordered as ``jax.make_mesh`` orders them (on a TPU
+    slice by its physical torus, elsewhere as given), except that a mesh axis may take part of a
+    physical axis where no whole ones multiply to its size: ``8x8`` on a 4x4x4 v4 slice, which
+    ``jax.make_mesh`` refuses (shown by ``plan --topology v4:4x4x4 --mesh 8x8``)."""
+    return mesh_utils.create_device_mesh(tuple(shape), devices=list(devices), allow_split_physical_axes=True)
 
 
 def logical_axes(path: Sequence[Any], ndim: int) -> tuple[str | None, ...]:

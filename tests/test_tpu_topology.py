@@ -128,3 +128,16 @@ def test_a_program_the_tpu_compiler_refuses_is_a_row_that_does_not_fit(monkeypat
     assert "NO (refused)" in text and "The TPU compiler refused the train step at batch 2" in text
     with pytest.raises(ValueError, match=r"refused the decode loop at batch 2: RESOURCE_EXHAUSTED"):
         plan.plan(settings(mesh="1x1", batch=2, topology=None, programs=("decode",)))
+
+
+def test_an_8x8_mesh_on_a_64_chip_v4_slice_which_jax_make_mesh_refuses():
+    import jax
+
+    from gqa_jax import sharding
+
+    devices = tpu_topology.slice_devices("v4:4x4x4").devices  # 4x4x4 chips: no axes multiply to 8
+    with pytest.raises(NotImplementedError):
+        jax.make_mesh((8, 8), sharding.MESH_AXES, devices=devices)
+    grid = sharding.device_grid((8, 8), devices)
+    assert grid.shape == (8, 8) and sorted(d.id for d in grid.flat) == sorted(d.id for d in devices)
+    plan.check_settings(settings(preset="tiny", mesh="8x8", batch=64, topology="v4:4x4x4"))  # builds

@@ -57,7 +57,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import mesh_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gqa_jax import cache as kvcache
@@ -177,9 +176,7 @@ def _mesh(settings: PlanSettings) -> Any:
             f"mesh {settings.mesh} has {data * model} devices but TPU slice {tpu.name} has {tpu.chips} "
             f"chips: give --mesh DATAxMODEL with DATA x MODEL = {tpu.chips} (e.g. {tpu.chips}x1)"
         )
-    # ordered by the slice's physical torus; a mesh axis may take part of a physical axis (8x8 on
-    # 4x4x4 chips), which jax.make_mesh refuses
-    grid = mesh_utils.create_device_mesh((data, model), devices=tpu.devices, allow_split_physical_axes=True)
+    grid = sharding_lib.device_grid((data, model), tpu.devices)  # as make_mesh orders this host's
     return jax.sharding.Mesh(grid, sharding_lib.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 

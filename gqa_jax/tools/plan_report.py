@@ -27,7 +27,8 @@ def _fits(row: dict[str, Any]) -> str:
 
 
 def _slice(res: dict[str, Any]) -> str:
-    """ ", TPU slice v4:2x4x4 (libtpu's compiler on this host)" for a plan of a TPU topology."""
+    """The report's words for a plan of a TPU topology (", TPU slice v4:2x4x4: libtpu's compiler,
+    no TPU attached"); empty for this host's devices."""
     topology = res.get("topology")
     return f", TPU slice {topology['name']}: libtpu's compiler, no TPU attached" if topology else ""
 

@@ -98,7 +98,8 @@ def parse_mesh_shape(text: str | Sequence[int]) -> tuple[int, int]:
 
 
 def make_mesh(shape: str | Sequence[int], devices: Sequence[Any] | None = None) -> Mesh:
-    """A ``(data, model)`` mesh. With all devices, ``jax.make_mesh`` orders them by topology."""
+    """A ``(data, model)`` mesh of ``devices`` (None: this host's). With all of them, ordered by
+    topology (:func:`device_grid`); with fewer, the first ones in order."""
     data, model = parse_mesh_shape(shape)
     available = list(devices) if devices is not None else jax.devices()
     if data * model > len(available):
@@ -106,7 +107,7 @@ def make_mesh(shape: str | Sequence[int], devices: Sequence[Any] | None = None) 
             f"mesh {data}x{model} needs {data * model} devices, but {len(available)} are available "
             "(on CPU, simulate more with XLA_FLAGS=--xla_force_host_platform_device_count=N)"
         )
-    if devices is None and data * model == len(available):
+    if data * model == len(available):
         # Auto axes: shardings of intermediates are propagated by the compiler (GSPMD), constrained
         # where we say so; explicit-sharding mode would demand an out_sharding on every gather.
         auto = (jax.sharding.AxisType.Auto,) * 2

@@ -176,8 +176,7 @@ def _mesh(settings: PlanSettings) -> Any:
             f"mesh {settings.mesh} has {data * model} devices but TPU slice {tpu.name} has {tpu.chips} "
             f"chips: give --mesh DATAxMODEL with DATA x MODEL = {tpu.chips} (e.g. {tpu.chips}x1)"
         )
-    grid = sharding_lib.device_grid((data, model), tpu.devices)  # as make_mesh orders this host's
-    return jax.sharding.Mesh(grid, sharding_lib.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return sharding_lib.make_mesh(settings.mesh, devices=tpu.devices)
 
 
 def _setup(settings: PlanSettings) -> _Setup:

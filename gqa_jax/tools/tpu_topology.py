@@ -111,10 +111,10 @@ def slice_devices(name: str) -> TpuSlice:
     except Exception as err:  # libtpu's own error, one line
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"libtpu does not know the TPU topology {name!r}: {first}") from None
-    devices = tuple(topology.devices)
-    if len(devices) != math.prod(shape):
+    tpu = TpuSlice(canonical, chip, shape, tuple(topology.devices))
+    if len(tpu.devices) != tpu.chips:
         raise ValueError(
-            f"libtpu gave {len(devices)} devices for {name!r}, expected one per chip "
-            f"({math.prod(shape)}): this libtpu counts devices differently"
+            f"libtpu gave {len(tpu.devices)} devices for {name!r}, expected one per chip "
+            f"({tpu.chips}): this libtpu counts devices differently"
         )
-    return TpuSlice(canonical, chip, shape, devices)
+    return tpu

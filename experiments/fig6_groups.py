@@ -14,13 +14,30 @@ caches=float`` is the paper's figure alone. A quantized cache takes less memory,
 choose a larger batch for it. Expected runtime: minutes per run on one large GPU; not runnable on
 a 2-core CPU at this size. The paper's finding: from 1 to 8 groups the time grows little, then it
 climbs toward MHA's (it plots the curve; it prints no numbers).
+
+Predicted instead of timed, on this CPU (libtpu: ``pip install -r requirements-tpu.txt``):
+
+    python -m gqa_jax sweep experiments/fig6_groups.py --root runs/fig6 --set predict=v4:2x2x2 --jobs 2
+    python -m gqa_jax report experiments/fig6_groups.py --root runs/fig6 --set predict=v4:2x2x2
+
+``predict`` names a TPU slice (``v4:2x2x2``: the paper's 8 TPUv4 chips); each run compiles the
+prefill and one decode step for it with the TPU compiler and predicts the time per sample per chip
+by a roofline (``time --predict``, docs/experiments.md), the mesh and batch tuned per model; the
+runs are named ``..._predicted_v4-2x2x2``, beside measured ones. Minutes per run on 2 cores.
 """
 
 from gqa_jax.experiments import paper
 from gqa_jax.experiments import runs as R
 from gqa_jax.experiments.sweep import Sweep
 
-PARAMS = {"preset": "xxl", "batch": "auto", "dtype": "bfloat16", "caches": "float,int8"}
+PARAMS = {
+    "preset": "xxl",
+    "batch": "auto",
+    "dtype": "bfloat16",
+    "caches": "float,int8",
+    "predict": None,
+    "mesh": "auto",
+}
 
 
 def get_sweep(params):
@@ -40,6 +57,8 @@ def get_sweep(params):
                     batch=params["batch"],
                     dtype=params["dtype"],
                     tags={"groups": k, **tags},
+                    predict=params["predict"],
+                    mesh=params["mesh"],
                     **options,
                 )
             )

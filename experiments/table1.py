@@ -18,6 +18,16 @@ paths the user gives (ours, HuggingFace T5 directories or T5X checkpoint_N; ``t5
 Expected runtime: the paper's scale (XXL on a TPU pod: about 600 TPUv3 chip-days for the two
 uptrainings alone); the time runs alone fit on one GPU. The paper's numbers (T_infer s / Average):
 MHA-Large 0.37 / 46.0, MHA-XXL 1.51 / 47.2, MQA-XXL 0.24 / 46.6, GQA-8-XXL 0.28 / 47.1.
+
+T_infer predicted for the paper's 8 TPUv4 chips instead of measured, on this CPU (the time runs
+alone, no checkpoint needed; libtpu: ``pip install -r requirements-tpu.txt``):
+
+    python -m gqa_jax sweep experiments/table1.py --root runs/table1 --set predict=v4:2x2x2 \
+        --only "time_*" --jobs 2
+    python -m gqa_jax report experiments/table1.py --root runs/table1 --set predict=v4:2x2x2
+
+(``time --predict``: a roofline of the TPU compiler's cost analysis, docs/experiments.md; the
+report labels the times as predictions and gives their ratio to the paper's.)
 """
 
 from gqa_jax.experiments import paper
@@ -32,6 +42,8 @@ PARAMS = {
     "finetune_steps": paper.FINETUNE_STEPS,
     "eval_every": paper.EVAL_EVERY,
     "seeds": 1,
+    "predict": None,  # a TPU slice (v4:2x2x2): the time runs predicted for it, not measured
+    "mesh": "auto",  # with predict: DATAxMODEL over its chips, or auto (every split, the fastest)
 }
 # name -> (preset, K/V heads, start: an MHA checkpoint param or an uptraining run)
 MODELS = {
@@ -58,7 +70,18 @@ def get_sweep(params):
                 )
         for s, t in lengths:
             tags = {"model": model, "lengths": f"{s}/{t}"}
-            runs.append(R.time(f"time_{key}_{s}_{t}", preset, kv, s, t, tags=tags))
+            runs.append(
+                R.time(
+                    f"time_{key}_{s}_{t}",
+                    preset,
+                    kv,
+                    s,
+                    t,
+                    tags=tags,
+                    predict=params["predict"],
+                    mesh=params["mesh"],
+                )
+            )
     return Sweep("table1", tuple(runs), paper.table1_paper())
 
 

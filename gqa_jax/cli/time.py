@@ -67,6 +67,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="timed runs after the warm-up (default: %(default)s)",
     )
     options.add_seed(p)
+    p.add_argument(
+        "--predict",
+        default=None,
+        metavar="TOPOLOGY",
+        help="predict T_infer for this TPU slice (e.g. v4:2x2x2, the paper's 8 chips) from its "
+        "compiler's cost analysis on this host (roofline; libtpu: pip install -r requirements-tpu.txt) "
+        "instead of timing: seconds per sample per chip, nothing is run",
+    )
+    p.add_argument(
+        "--mesh",
+        default="auto",
+        metavar="DATAxMODEL|auto",
+        help="with --predict: the mesh over the slice's chips, or auto = every DATA x MODEL split, "
+        "the fastest kept (the paper's parallelism tuned per model) (default: %(default)s)",
+    )
     p.add_argument("--overwrite", action="store_true", help=f"replace an existing {TIMING_FILE}")
 
 
@@ -74,12 +89,20 @@ def run(args: argparse.Namespace) -> int:
     from gqa_jax.log import log
     from gqa_jax.tools import t_infer
 
+    if args.mesh != "auto" and args.predict is None:
+        raise ValueError("--mesh applies to --predict only: a timed run splits its rows over every device")
     settings = t_infer.TimeSettings(
         workdir=args.workdir, preset=args.preset, num_kv_heads=args.num_kv_heads, model=args.model,
         input_len=args.input_len, output_len=args.output_len, batch=args.batch, hbm_gib=args.hbm_gib,
         dtype=args.dtype, cache_dtype=args.cache_dtype, runs=args.runs, seed=args.seed,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, predict=args.predict, mesh=args.mesh,
     )  # fmt: skip
+    if args.predict is not None:
+        from gqa_jax.tools import t_infer_predict
+
+        record = t_infer_predict.predict_decode(settings, log=log)
+        print(t_infer_predict.summary(record, args.workdir), flush=True)
+        return 0
     record = t_infer.time_decode(settings, log=log)
     print(t_infer.summary(record, args.workdir), flush=True)
     return 0

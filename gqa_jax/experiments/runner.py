@@ -38,6 +38,14 @@ RUN_FILE = "run.json"
 LOG_FILE = "log.txt"
 LAUNCHERS = ("local", "tpu")
 EXCLUSIVE = ("time",)  # stages that run alone: their clock must not share the machine
+
+
+def exclusive(run: Run) -> bool:
+    """Whether ``run`` must run alone: a timed run (its clock must not share the machine); a
+    predicted one (``time --predict``) only compiles and shares it like any other run."""
+    return run.stage in EXCLUSIVE and not run.args.get("predict")
+
+
 CACHE_DIR = "jax_cache"  # ROOT/jax_cache: the runs' compilation cache (local launcher)
 
 
@@ -123,7 +131,7 @@ def eta(
     for r, elapsed in left:
         seen = stage_seconds.get(r.stage)
         if seen:
-            share = 1 if r.stage in EXCLUSIVE else jobs
+            share = 1 if exclusive(r) else jobs
             total += max(0.0, sum(seen) / len(seen) - elapsed) / share
             timed += 1
         else:
@@ -172,7 +180,8 @@ def run_sweep(
 
     ``jobs``: how many runs at once (local launcher; a run starts when its dependencies are
     done, in the sweep's order). A ``time`` run always runs alone: nothing starts beside it, and
-    it starts when nothing else runs, so its clock measures decoding only."""
+    it starts when nothing else runs, so its clock measures decoding only (a predicted one,
+    ``time --predict``, runs nothing and is not held apart)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
     if not isinstance(jobs, int) or jobs < 1:
@@ -237,7 +246,7 @@ def run_sweep(
     while pending or running:
         # Start what may start, in the sweep's order: skip done runs, stop blocked branches.
         for i, r in list(pending):
-            if len(running) >= jobs or any(x.stage in EXCLUSIVE for x, *_ in running.values()):
+            if len(running) >= jobs or any(exclusive(x) for x, *_ in running.values()):
                 break
             head = f"[{i}/{len(runs)}] {r.name} ({r.stage})"
             if r.name in done:
@@ -251,8 +260,8 @@ def run_sweep(
                 log(f"{head}: not run, its dependency {blocked[0]} failed")
                 continue
             waiting = [d for d in r.deps if d in {x.name for _, x in pending} | set(running)]
-            if waiting or (r.stage in EXCLUSIVE and running):
-                if jobs == 1 or r.stage in EXCLUSIVE:
+            if waiting or (exclusive(r) and running):
+                if jobs == 1 or exclusive(r):
                     break  # keep the order: a time run waits for the runs before it
                 continue
             pending.remove((i, r))

@@ -100,12 +100,23 @@ def time(
     batch: str | int = "auto",
     deps: tuple[str, ...] = (),
     tags: dict[str, Any] | None = None,
+    predict: str | None = None,
+    mesh: str = "auto",
     **options: Any,
 ) -> Run:
     """Time per sample of greedy decoding at these lengths on random weights (EOS disabled), the
-    batch the largest that fits up to 32 per device (``auto``) or a given one."""
+    batch the largest that fits up to 32 per device (``auto``) or a given one. ``predict`` (a TPU
+    slice, ``v4:2x2x2``): predicted for it from its compiler instead (``time --predict``, on
+    ``mesh``: auto tries every split), in a run of its own (``NAME_predicted_v4-2x2x2``, tagged
+    ``predicted``) beside a measured one."""
     args = {"preset": preset, "num_kv_heads": kv, "input_len": input_len, "output_len": output_len,
             "batch": batch, **options}  # fmt: skip
+    if predict:
+        name = f"{name}_predicted_{predict.replace(':', '-')}"
+        args = {**args, "predict": predict, **({} if mesh == "auto" else {"mesh": mesh})}
+        tags = {**(tags or {}), "predicted": predict}
+    elif mesh != "auto":
+        raise ValueError(f"mesh={mesh!r} applies to predicted time runs only (set predict)")
     return Run(name, "time", args, deps, tags or {})
 
 

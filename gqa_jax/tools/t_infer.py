@@ -71,6 +71,8 @@ class TimeSettings:
     runs: int = 5
     seed: int = 0  # weights and inputs
     overwrite: bool = False
+    predict: str | None = None  # a TPU slice: predict from its compiler (tools.t_infer_predict), not time
+    mesh: str = "auto"  # with predict: DATAxMODEL over the slice's chips, or auto (every split, fastest)
 
 
 # ----------------------------------------------------------------------------- checks

@@ -16,7 +16,7 @@ from typing import Any
 
 from gqa_jax.experiments.parts import md, plot
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
-from gqa_jax.experiments.parts.records import Record, gather_times, machine, select, unique
+from gqa_jax.experiments.parts.records import Record, gather_times, select, time_source, unique
 from gqa_jax.experiments.stats import Stat
 
 FLOAT_CACHE = "float"  # the line of the time runs without a "cache" tag (the model's dtype)
@@ -34,7 +34,7 @@ class Fig6:
     reference_groups: int | None  # MHA's number of groups
     reference_label: str
     reference: Stat  # MHA's time, the float cache's
-    machine: str  # where the times were measured, in words
+    source: str  # what the times are (measured where, or predicted for which TPU slice), in words
 
     @property
     def times(self) -> tuple[Stat, ...]:
@@ -71,7 +71,7 @@ class Fig6Part(Part[Fig6]):
             reference_groups=ref,
             reference_label=f"MHA ({ref} groups)",
             reference=cells.get((FLOAT_CACHE, ref), Stat(None)),
-            machine=machine(records),
+            source=time_source(records),
         )
 
     def markdown(self, result: Fig6, files: Mapping[str, str]) -> list[str]:
@@ -103,8 +103,7 @@ class Fig6Part(Part[Fig6]):
             f"## {result.title}",
             "",
             *md.image(self.name, files, result.title),
-            "Time: the median of a time run's timing repeats (timing.json's times_s / batch; ± their "
-            f"sample std, n=repeats) on {result.machine}.{cache_note}"
+            f"Time: {result.source}.{cache_note}"
             + (
                 " The prefill's share: the median time of the prefill alone (encoder, cross K/V, the "
                 "empty cache; timing.json's prefill_times_s) over the whole time; the rest is the "

@@ -39,6 +39,13 @@ class Record:
     machine: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # timing.json's
     timing: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # all of timing.json
 
+    @property
+    def predicted(self) -> Mapping[str, Any] | None:
+        """timing.json's ``prediction`` (``time --predict``: a TPU slice's, from its compiler; not
+        measured), None for a measured time."""
+        p = self.timing.get("prediction")
+        return p if isinstance(p, Mapping) else None
+
 
 def _json(path: Path) -> dict[str, Any] | None:
     try:
@@ -79,13 +86,17 @@ def read_run(root: Path, run: Run) -> Record:
         return Record(run, status)
     results, timing = _json(d / "results.json") or {}, _json(d / "timing.json") or {}
     start, last = eval_losses(d / "metrics.jsonl")
+    predicted = isinstance(timing.get("prediction"), Mapping)  # one number, no repeats
+    prefill = _finite(timing.get("prefill_per_sample_s"))
     return Record(
         run,
         status,
         score=_finite(results.get("primary")),
         time=_finite(timing.get("time_per_sample_s")),
         times=_per_sample(timing, "times_s"),
-        prefill_times=_per_sample(timing, "prefill_times_s"),
+        prefill_times=(prefill,)
+        if predicted and prefill is not None
+        else _per_sample(timing, "prefill_times_s"),
         dev_loss=_finite(results.get("loss")),
         loss=last,
         start_loss=start,
@@ -194,10 +205,39 @@ def task_columns(schema: Mapping[str, Any], found: Sequence[str]) -> list[tuple[
     return tasks + [(t, t) for t in unique(found) if t not in dict(tasks)]
 
 
-def machine(records: Sequence[Record]) -> str:
-    """The first timing.json's machine, in words."""
+def predicted_on(records: Sequence[Record]) -> str | None:
+    """The TPU slice the done time runs' times were predicted for, in words (``time --predict``),
+    None when every one was measured."""
     for rec in records:
-        m = rec.machine
+        p = rec.predicted if rec.status == "done" else None
+        if p:
+            kind = (p.get("chip") or {}).get("device_kind", "TPU")
+            return f"TPU {p.get('topology', '?')} ({p.get('chips', '?')} x {kind})"
+    return None
+
+
+def time_source(records: Sequence[Record]) -> str:
+    """What the report's times are, for a caption: measured repeats on a machine, or predictions."""
+    slice_ = predicted_on(records)
+    measured = any(r.status == "done" and r.timing and not r.predicted for r in records)
+    if slice_ is None:
+        return (
+            "the median of a time run's timing repeats (timing.json's times_s / batch, compile excluded; "
+            f"± their sample std, n=repeats) on {machine(records)}"
+        )
+    text = (
+        f"PREDICTED for {slice_}, not measured (time --predict): seconds per sample per chip, the "
+        "roofline max(flops / peak, bytes / bandwidth) of the TPU compiler's cost analysis of the "
+        "prefill plus output length x one decode step, on the mesh and batch the prediction chose "
+        "(timing.json's prediction; docs/experiments.md says what a roofline leaves out)"
+    )
+    return text + (f"; some times measured on {machine(records)}: do not compare the two" if measured else "")
+
+
+def machine(records: Sequence[Record]) -> str:
+    """The first measured timing.json's machine, in words."""
+    for rec in records:
+        m = rec.machine if not rec.predicted else None
         if m:
             devices = m.get("devices") or ["?"]
             return f"{m.get('backend', '?')}, {m.get('device_count', len(devices))} x {devices[0]}"

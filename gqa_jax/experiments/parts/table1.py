@@ -22,9 +22,10 @@ from gqa_jax.experiments.parts.records import (
     Record,
     gather,
     gather_times,
-    machine,
+    predicted_on,
     select,
     task_columns,
+    time_source,
     unique,
 )
 from gqa_jax.experiments.stats import Stat, mean_of
@@ -61,7 +62,8 @@ class Table1:
     tasks: tuple[tuple[str, str], ...]  # (task, column label)
     rows: tuple[Table1Row, ...]  # the paper's models in its order, then those only the runs have
     note: str | None  # the schema's note, printed under the table's caption
-    machine: str  # where the times were measured, in words
+    source: str  # what the times are (measured where, or predicted for which TPU slice), in words
+    predicted: str | None = None  # the TPU slice the times were predicted for (time --predict)
 
     def row(self, model: str) -> Table1Row:
         return next(r for r in self.rows if r.model == model)
@@ -115,13 +117,17 @@ class Table1Part(Part[Table1]):
                 losses=loss_cells,
                 mean_loss=mean_of(list(loss_cells.values())),
             ))  # fmt: skip
-        return Table1(tuple(tasks), tuple(rows), schema.get("note"), machine(records))
+        return Table1(
+            tuple(tasks), tuple(rows), schema.get("note"), time_source(records), predicted_on(records)
+        )
 
     def markdown(self, result: Table1, files: Mapping[str, str]) -> list[str]:
         prefill = any(not r.prefill.missing for r in result.rows)
+        ratio = result.predicted is not None and any(_ratio(r) for r in result.rows)
         header = [
             "model",
-            "T_infer (s)",
+            "T_infer (s)" + (" PREDICTED" if result.predicted else ""),
+            *(["ours / paper"] if ratio else []),
             *(["of which prefill (s)"] if prefill else []),
             *(label for _, label in result.tasks),
             "Average (paper)",
@@ -133,6 +139,7 @@ class Table1Part(Part[Table1]):
             rows.append([
                 r.model,
                 md.cell(r.time, p.time, "time"),
+                *([_ratio(r) or "—"] if ratio else []),
                 *([md.fmt(r.prefill, "time")] if prefill else []),
                 *(md.cell(r.scores[t], p.scores.get(t)) for t, _ in result.tasks),
                 md.NOT_IN_SWEEP if p.average is None else str(p.average),
@@ -141,10 +148,8 @@ class Table1Part(Part[Table1]):
         lines = [
             "## Table 1",
             "",
-            "T_infer: time per sample in seconds; ours: the median of a time run's timing repeats "
-            f"(timing.json's times_s / batch, compile excluded; ± their sample std, n=repeats) on "
-            f"{result.machine}, the mean of a model's time runs (one per set of lengths); the paper's: "
-            "per TPUv4 chip."
+            f"T_infer: time per sample in seconds; ours: {result.source}; the mean of a model's time runs "
+            "(one per set of lengths); the paper's: per TPUv4 chip."
             + (" Of which prefill: the encoder and the cache's set-up alone (timing.json's "
                "prefill_times_s), the rest is the decoder's steps." if prefill else "")
             + " Scores: the dev sets' primary metric. "
@@ -153,6 +158,7 @@ class Table1Part(Part[Table1]):
             *([""] + [result.note] if result.note else []),
             "",
             *md.table(header, rows),
+            *speedups(result),
         ]  # fmt: skip
         if any(r.has_losses for r in result.rows):
             loss_rows = [
@@ -187,6 +193,34 @@ class Table1Part(Part[Table1]):
                 rows += [csv_row(self.name, r.model, f"dev_loss[{t}]", r.losses[t]) for t, _ in result.tasks]
                 rows.append(csv_row(self.name, r.model, "dev_loss[mean]", r.mean_loss))
         return rows
+
+
+SPEEDUP_OVER = "MHA-XXL"  # the paper's speed-ups: MQA-XXL and GQA-8-XXL over it (1.51 / 0.24, 1.51 / 0.28)
+
+
+def _ratio(row: Table1Row) -> str:
+    """Our T_infer over the paper's (empty where either is missing)."""
+    if row.time.missing or not row.paper.time:
+        return ""
+    return f"{row.time.mean / row.paper.time:.2f}"
+
+
+def speedups(result: Table1) -> list[str]:
+    """Each XXL model's speed-up over MHA-XXL (its T_infer / theirs), ours beside the paper's."""
+    rows = {r.model: r for r in result.rows}
+    base = rows.get(SPEEDUP_OVER)
+    if base is None or base.time.missing:
+        return []
+    parts = []
+    for r in result.rows:
+        if r.model == SPEEDUP_OVER or not r.model.endswith("-XXL") or r.time.missing or not r.time.mean:
+            continue
+        paper = base.paper.time / r.paper.time if base.paper.time and r.paper.time else None
+        ours = base.time.mean / r.time.mean
+        parts.append(f"{r.model} {ours:.2f}x" + (f" (paper {paper:.2f}x)" if paper else ""))
+    if not parts:
+        return []
+    return ["", f"Speed-up over {SPEEDUP_OVER} (its T_infer / the model's): " + ", ".join(parts) + "."]
 
 
 PART = Table1Part()

@@ -1,0 +1,367 @@
+"""``time --predict TOPOLOGY``: T_infer predicted for a TPU slice from its compiler, not measured.
+
+The paper times decoding on 8 TPUv4 chips, the largest batch that fits up to 32 per chip, its
+parallelism tuned per model, and reports time per sample per chip. With no TPU attached, the TPU
+compiler on this host (``tools.tpu_topology``) compiles the two programs a decode is made of, as a
+TPU would run them, for a mesh over the slice's devices:
+
+- the prefill: encoder, every layer's cross-attention K/V projected once into the cache, the empty
+  self-attention cache and the loop's state (``decoding.prefill`` + ``decoding.init_state``);
+- one decode step: every row's next token, its K/V written into the cache (``decoding.decode_step``,
+  the state donated). A step's shapes do not depend on its position (it attends over the whole
+  ``T_max`` cache, masked), so every step costs the same.
+
+Each program's ``cost_analysis()`` gives one device's flops and bytes accessed (the partitioned
+program, ``compiled_memory.cost``); the roofline time of a program is
+``max(flops / peak, bytes / bandwidth)`` with the chip's documented bf16 peak and HBM bandwidth
+(``tpu_topology.CHIPS``). A batch of ``B`` rows then takes ``prefill + T x step`` on every chip at
+once, and the time per sample per chip (the paper's unit) is that time x chips / ``B``.
+
+The batch: given, or ``auto``, the paper's rule: the largest multiple of the mesh's data axis, at
+most 32 per chip, whose whole decode loop (``plan``'s decode program on that mesh, what
+``greedy_decode`` runs) fits the chip's HBM; a loop the compiler refuses does not fit. One compile
+at the cap when it fits, else the plan's batch search (``batch_search``: memory is affine in the
+batch). The prefill and step alone hold less than the loop (its carry, the tokens), so they are
+compiled for their cost only, at the chosen batch. The mesh: given (``DATAxMODEL``, every chip),
+or ``auto``, the paper's "parallelism tuned per model": every ``DATA x MODEL`` split of the chips,
+each at its own batch, and the fastest kept (all of them in the record).
+
+What a roofline leaves out (docs/experiments.md): the time ops wait on each other or on
+collectives between chips (``cost_analysis`` counts neither the links' bandwidth nor latency),
+kernels below peak, the host's dispatch, and that XLA counts bytes per op (fusion), an upper
+bound of what crosses HBM when operands stay in on-chip memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from gqa_jax import decoding, training
+from gqa_jax import model as model_lib
+from gqa_jax import sharding as sharding_lib
+from gqa_jax.config import ModelConfig
+from gqa_jax.tools import plan, t_infer, tpu_topology
+from gqa_jax.tools.batch_search import search_batch
+from gqa_jax.tools.bench_models import NEVER_EOS
+from gqa_jax.tools.compiled_memory import GIB, compile_lowered, cost, memory, over_hbm, with_shardings
+from gqa_jax.tools.measurement import machine_info
+
+RULE_AUTO = f"largest whose decode loop fits the chip, <= {t_infer.PER_DEVICE} per chip"
+# libtpu 0.0.42.1's compiler dies (a stack overflow in its convolution emitter, the whole process)
+# on a prefill whose encoder attention logits [rows, heads, S, S] exceed this many elements per
+# device: XXL at input 2048 compiled with 2**31 (8 rows x 64 heads; 64 rows x 8 heads) and crashed
+# with 2**32 (16 x 64, 128 x 8) on v4:2x2x2. Batches beyond it are not compiled: they do not run.
+MAX_LOGITS_ELEMENTS = 2**31
+LIMIT_TEXT = f"the compiler's limit of {MAX_LOGITS_ELEMENTS:,} attention-logit elements per device"
+MESH_AUTO = "auto"
+WEIGHTS = "none: compiled shapes only"
+
+
+def meshes(chips: int) -> list[str]:
+    """Every ``DATAxMODEL`` split of ``chips`` devices, the most data-parallel first."""
+    return [f"{chips // m}x{m}" for m in range(1, chips + 1) if chips % m == 0]
+
+
+def roofline(c: dict[str, float], chip: tpu_topology.Chip) -> dict[str, Any]:
+    """One device's program time: ``max(flops / peak, bytes / bandwidth)`` and which bound it is."""
+    compute, memory_s = c["flops"] / chip.peak_bf16_flops, c["bytes_accessed"] / chip.hbm_bytes_per_s
+    return {
+        **c,
+        "compute_s": compute,
+        "memory_s": memory_s,
+        "s": max(compute, memory_s),
+        "bound": "compute" if compute >= memory_s else "memory",
+    }
+
+
+# ----------------------------------------------------------------------------- the programs
+def _prefill_state(graphdef: Any, params: Any, ids: Any, key: Any, output_len: int, cache_dtype, mesh):
+    """The decode loop's first part: prefill and the loop's initial state (as ``decode_loop``)."""
+    with decoding.mesh_context(mesh, None):
+        model = nnx.merge(graphdef, params)
+        cache = decoding.prefill(model, ids, output_len, chunked=False, cache_dtype=cache_dtype)
+        return decoding.init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=False)
+
+
+def _step(graphdef: Any, mesh: Any, params: Any, state: Any) -> Any:
+    """One greedy decode step, as ``decode_loop`` runs it (EOS never ends a row)."""
+    with decoding.mesh_context(mesh, None):
+        return decoding.decode_step(nnx.merge(graphdef, params), state, eos_id=NEVER_EOS)
+
+
+@dataclasses.dataclass
+class _Mesh:
+    """One mesh of the slice and its abstract parameters (shapes and shardings only)."""
+
+    name: str
+    config: ModelConfig
+    mesh: Any
+    data: int
+    graphdef: Any
+    params: Any
+    compiled: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> programs
+    loops: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> the loop's memory
+
+
+def _setup(config: ModelConfig, tpu: tpu_topology.TpuSlice, name: str) -> _Mesh:
+    mesh = sharding_lib.make_mesh(name, devices=tpu.devices)
+    graphdef, params = training.split_model(model_lib.abstract(config))
+    shardings, _ = sharding_lib.param_shardings(params, mesh)
+    return _Mesh(name, config, mesh, mesh.shape["data"], graphdef, with_shardings(params, shardings))
+
+
+def _compile(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The TPU executable, or None and the compiler's refusal of a program over the chip's HBM."""
+    try:
+        return compile_lowered(lowered, "tpu"), None
+    except Exception as err:
+        if (over := over_hbm(err)) is None:
+            raise
+        return None, over
+
+
+def logits_elements(config: ModelConfig, m: _Mesh, batch: int, input_len: int) -> int:
+    """Elements per device of the prefill's largest array, the encoder's attention logits
+    ``[rows, heads, S, S]`` (heads split over ``model`` where it divides them)."""
+    model = m.mesh.shape["model"]
+    heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
+    return (batch // m.data) * heads * input_len * input_len
+
+
+def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str, Any]:
+    """Compile the prefill and one decode step at ``batch`` rows on ``m``: their memory and cost.
+    A program the compiler refuses has ``refused`` (and the temporaries it named) and no cost."""
+    if batch in m.compiled:
+        return m.compiled[batch]
+    replicated = NamedSharding(m.mesh, PartitionSpec())
+    ids = jax.ShapeDtypeStruct((batch, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    out: dict[str, Any] = {"batch": batch}
+    start = time.perf_counter()
+    prefill = jax.jit(_prefill_state, static_argnums=(0, 4, 5, 6))
+    compiled, refused = _compile(
+        prefill.lower(m.graphdef, m.params, ids, key, s.output_len, s.cache_dtype, m.mesh)
+    )
+    out["prefill"] = _program(compiled, refused, time.perf_counter() - start)
+    if compiled is None:
+        out["step"] = {"refused": "not compiled: the prefill was refused", "total": out["prefill"]["total"]}
+    else:
+        start = time.perf_counter()
+        step = jax.jit(functools.partial(_step, m.graphdef, m.mesh), donate_argnums=1)
+        step_compiled, refused = _compile(step.lower(m.params, compiled.out_info))
+        out["step"] = _program(step_compiled, refused, time.perf_counter() - start)
+    out["total"] = max(out["prefill"]["total"], out["step"]["total"])
+    m.compiled[batch] = out
+    return out
+
+
+def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]:
+    """The whole decode loop's memory per chip at ``batch`` (``plan``'s decode program on the same
+    mesh: what ``greedy_decode`` runs), the fit the paper's batch rule asks for."""
+    if batch not in m.loops:
+        settings = plan.PlanSettings(
+            preset=s.preset, num_kv_heads=m.config.num_kv_heads, mesh=m.name, batch=batch,
+            input_len=s.input_len, output_len=s.output_len, dtype=s.dtype, cache_dtype=s.cache_dtype,
+            programs=("decode",), batch_search=(), topology=s.predict,
+        )  # fmt: skip
+        try:
+            row = plan.plan(settings)["programs"]["decode"]
+            m.loops[batch] = {"total": row["memory"]["total"], "compile_s": row["compile_s"]}
+        except ValueError as err:  # the compiler refused the loop over the chip's HBM
+            if "refused" not in str(err):
+                raise
+            m.loops[batch] = {"total": 2**62, "refused": str(err), "compile_s": 0.0}
+    return m.loops[batch]
+
+
+def _program(compiled: Any, refused: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    if compiled is None:
+        assert refused is not None
+        return {"refused": refused["message"], "total": refused["temp"], "compile_s": seconds}
+    mem = memory(compiled)
+    return {"memory": mem, "total": mem["total"], "cost": cost(compiled), "compile_s": seconds}
+
+
+# ----------------------------------------------------------------------------- one mesh
+def _largest_batch(m: _Mesh, s: t_infer.TimeSettings, cap: int, limit: int, log) -> tuple[int, str]:
+    """The paper's batch on ``m``: the cap when it fits, else the batch search's (0: none fits).
+    The search starts below the compiler's limit (``MAX_LOGITS_ELEMENTS``) and never compiles
+    above it (such a batch counts as not fitting)."""
+    compilable = [
+        b
+        for b in range(m.data, cap + 1, m.data)
+        if logits_elements(m.config, m, b, s.input_len) <= MAX_LOGITS_ELEMENTS
+    ]
+    if not compilable:
+        return 0, f"even one row per device exceeds {LIMIT_TEXT}"
+    top = compilable[-1]
+
+    def measure(batch: int) -> int:
+        if batch > top:
+            return limit + 1
+        log(f"  mesh {m.name}: compiling the decode loop at batch {batch} for its memory ...")
+        total = loop_memory(m, s, batch)["total"]
+        log(f"    {total / GIB:.2f} GiB per chip")
+        return total
+
+    capped = "" if top == cap else f" (the cap {cap} exceeds {LIMIT_TEXT}: {top} is the largest within it)"
+    if measure(top) <= limit:
+        return top, f"{top} fits" + capped
+    found = search_batch(measure, top, m.data, limit, log)
+    return min(found["largest_batch"], top), found["how"] + capped
+
+
+def predict_mesh(
+    m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, limit: int, log
+) -> dict[str, Any]:
+    """The prediction on one mesh: its batch, the two programs' rooflines and the time per sample."""
+    cap = t_infer.PER_DEVICE * tpu.chips // m.data * m.data  # <= 32 per chip, rows split over data
+    if s.batch == "auto":
+        batch, how = _largest_batch(m, s, cap, limit, log)
+    elif s.batch % m.data:
+        return {"mesh": m.name, "batch": s.batch, "fits": False,
+                "why": f"batch {s.batch} does not split over the data axis {m.data}"}  # fmt: skip
+    elif logits_elements(m.config, m, s.batch, s.input_len) > MAX_LOGITS_ELEMENTS:
+        return {"mesh": m.name, "batch": s.batch, "fits": False,
+                "why": f"batch {s.batch} exceeds {LIMIT_TEXT}"}  # fmt: skip
+    else:
+        batch, how = s.batch, t_infer.RULE_GIVEN
+    if not batch:
+        return {"mesh": m.name, "batch": 0, "fits": False, "why": f"no batch fits: {how}"}
+    loop = loop_memory(m, s, batch)
+    if "refused" in loop:
+        return {"mesh": m.name, "batch": batch, "fits": False, "why": loop["refused"]}
+    programs = compile_programs(m, batch, s)
+    row: dict[str, Any] = {"mesh": m.name, "batch": batch, "how": how, "loop_total_bytes": loop["total"]}
+    refused = [k for k in ("prefill", "step") if "refused" in programs[k]]
+    if refused:
+        return {
+            **row,
+            "fits": False,
+            "why": f"the compiler refused the {refused[0]}: {programs[refused[0]]['refused']}",
+        }
+    prefill, step = (roofline(programs[k]["cost"], tpu.chip) for k in ("prefill", "step"))
+    wall = prefill["s"] + s.output_len * step["s"]
+    per_sample = wall * tpu.chips / batch
+    return {
+        **row,
+        "fits": loop["total"] <= limit,
+        "prefill": {**prefill, "memory": programs["prefill"]["memory"]},
+        "step": {**step, "memory": programs["step"]["memory"]},
+        "batch_s": wall,
+        "time_per_sample_s": per_sample,
+        "prefill_per_sample_s": prefill["s"] * tpu.chips / batch,
+        "compile_s": sum(p[k].get("compile_s", 0.0) for p in m.compiled.values() for k in ("prefill", "step"))
+        + sum(x["compile_s"] for x in m.loops.values()),
+    }
+
+
+# ----------------------------------------------------------------------------- the stage
+def check_settings(s: t_infer.TimeSettings) -> tpu_topology.TpuSlice:
+    """Everything ``time --predict`` can check before it compiles: one clear error each."""
+    if s.model is not None:
+        raise ValueError(
+            "--predict compiles a preset's shapes, so weights do not change it: give --preset P "
+            "(with --num-kv-heads K) instead of --model"
+        )
+    t_infer.check_settings(dataclasses.replace(s, batch="auto"))  # the batch is checked per mesh
+    tpu = tpu_topology.slice_devices(s.predict)
+    if s.mesh != MESH_AUTO:
+        data, model = sharding_lib.parse_mesh_shape(s.mesh)
+        if data * model != tpu.chips:
+            raise ValueError(
+                f"--mesh {s.mesh} has {data * model} devices but TPU slice {tpu.name} has {tpu.chips} "
+                f"chips: give DATAxMODEL with DATA x MODEL = {tpu.chips} or auto (every split)"
+            )
+        if s.batch != "auto" and s.batch % data:
+            raise ValueError(f"--batch {s.batch} does not split over mesh {s.mesh}'s data axis {data}")
+    return tpu
+
+
+def predict_decode(s: t_infer.TimeSettings, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Predict T_infer as the module docstring says; write and return ``timing.json``'s record."""
+    tpu = check_settings(s)
+    out = t_infer.check_workdir(s.workdir, s.overwrite)
+    start = time.perf_counter()
+    config = t_infer.model_config(s)
+    hbm = s.hbm_gib if s.hbm_gib is not None else tpu.chip.hbm_gib
+    limit = int(hbm * GIB)
+    names = meshes(tpu.chips) if s.mesh == MESH_AUTO else [s.mesh]
+    log(
+        f"predicting T_infer of {s.preset} K={config.num_kv_heads} on TPU {tpu.name} ({tpu.chips} x "
+        f"{tpu.chip.device_kind}, {hbm:g} GiB each), input {s.input_len}, output {s.output_len}, "
+        f"KV cache {s.cache_dtype or s.dtype}, mesh {', '.join(names)}"
+    )
+    rows = []
+    for name in names:
+        row = predict_mesh(_setup(config, tpu, name), s, tpu, limit, log)
+        rows.append(row)
+        if "time_per_sample_s" in row:
+            log(f"  mesh {name}: batch {row['batch']}, {row['time_per_sample_s']:.4g} s per sample per chip")
+        else:
+            log(f"  mesh {name}: {row['why']}")
+    fitting = [r for r in rows if r["fits"] and "time_per_sample_s" in r]
+    if not fitting:
+        raise ValueError(
+            f"no mesh of TPU slice {tpu.name} holds {s.preset} K={config.num_kv_heads} at input "
+            f"{s.input_len}, output {s.output_len} in {hbm:g} GiB per chip: "
+            + "; ".join(f"{r['mesh']}: {r.get('why', 'over the HBM')}" for r in rows)
+            + " (try a larger slice, --cache-dtype int8 or shorter lengths)"
+        )
+    best = min(fitting, key=lambda r: r["time_per_sample_s"])
+    record = {
+        "time_per_sample_s": best["time_per_sample_s"],
+        "times_s": [],  # nothing was run: no repeats
+        "prefill_per_sample_s": best["prefill_per_sample_s"],
+        "prefill_times_s": [],
+        "steps_per_sample_s": best["time_per_sample_s"] - best["prefill_per_sample_s"],
+        "batch": best["batch"],
+        "batch_rule": RULE_AUTO if s.batch == "auto" else t_infer.RULE_GIVEN,
+        "input_len": s.input_len,
+        "output_len": s.output_len,
+        "preset": s.preset,
+        "num_heads": config.num_heads,
+        "num_kv_heads": config.num_kv_heads,
+        "dtype": s.dtype,
+        "cache_dtype": s.cache_dtype or s.dtype,
+        "weights": WEIGHTS,
+        "machine": machine_info(),
+        "prediction": {
+            "topology": tpu.name,
+            "chips": tpu.chips,
+            "chip": dataclasses.asdict(tpu.chip),
+            "hbm_gib": hbm,
+            "mesh": best["mesh"],
+            "unit": "seconds per sample per chip: (prefill + output_len x step) x chips / batch",
+            "meshes": rows,
+            "wall_s": time.perf_counter() - start,
+        },
+    }
+    t_infer.write_atomic(record, out)
+    return record
+
+
+def summary(record: dict[str, Any], workdir: str) -> str:
+    """One line: what was predicted, the time per sample per chip, and where the record went."""
+    r, p = record, record["prediction"]
+    best = next(m for m in p["meshes"] if m["mesh"] == p["mesh"])
+    return (
+        f"time (predicted for TPU {p['topology']}, {p['chips']} x {p['chip']['device_kind']}; not measured): "
+        f"{r['preset']} K={r['num_kv_heads']} of N={r['num_heads']}, {r['dtype']}"
+        + (f", KV cache {r['cache_dtype']}" if r["cache_dtype"] != r["dtype"] else "")
+        + f", mesh {p['mesh']}, batch {r['batch']}, input {r['input_len']}, output {r['output_len']}: "
+        f"{r['time_per_sample_s'] * 1e3:.3f} ms per sample per chip (prefill "
+        f"{r['prefill_per_sample_s'] * 1e3:.3f} ms, {best['prefill']['bound']}-bound; decoder steps "
+        f"{r['steps_per_sample_s'] * 1e3:.3f} ms, {best['step']['bound']}-bound) -> "
+        f"{Path(workdir).expanduser() / t_infer.TIMING_FILE}"
+    )

@@ -1,0 +1,149 @@
+"""``time --predict`` (``gqa_jax.tools.t_infer_predict``): T_infer predicted for a TPU slice from the
+TPU compiler on this host (libtpu from requirements-test.txt), on the tiny preset at v4:2x2x1: the
+record's numbers are the TPU executables' and add up as the roofline says, the batch and mesh
+rules, the compiler's element limit, bad input, and a report that labels predictions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gqa_jax.cli import options
+from gqa_jax.cli import time as time_cli
+from gqa_jax.experiments import report
+from gqa_jax.experiments.sweep import Run, Sweep
+from gqa_jax.tools import plan, tpu_topology
+from gqa_jax.tools import t_infer as td
+from gqa_jax.tools import t_infer_predict as tp
+
+TOPOLOGY = "v4:2x2x1"  # 4 chips
+SHAPE = ["--input-len", "32", "--output-len", "8"]
+
+
+def parse(argv):
+    p = options.Parser(prog="time")
+    time_cli.add_args(p)
+    return p.parse_args(argv)
+
+
+def settings(workdir, **kw):
+    base = dict(preset="tiny", num_kv_heads=2, input_len=32, output_len=8, predict=TOPOLOGY)
+    return td.TimeSettings(workdir=str(workdir), **(base | kw))
+
+
+@pytest.fixture(scope="module")
+def predicted(tmp_path_factory):
+    """``time --predict v4:2x2x1`` through the command, every mesh (auto), the paper's batch rule."""
+    workdir = tmp_path_factory.mktemp("predict") / "t"
+    argv = ["--workdir", str(workdir), "--preset", "tiny", "--num-kv-heads", "2", "--predict", TOPOLOGY]
+    assert time_cli.run(parse(argv + SHAPE)) == 0
+    return json.loads((workdir / td.TIMING_FILE).read_text())
+
+
+def test_the_record_is_the_roofline_of_the_tpu_executables(predicted):
+    r, p = predicted, predicted["prediction"]
+    assert tuple(r)[: len(td.FIELDS)] == td.FIELDS and r["times_s"] == []  # nothing was run
+    assert p["topology"] == TOPOLOGY and p["chips"] == 4 and p["chip"]["device_kind"] == "TPU v4"
+    assert [m["mesh"] for m in p["meshes"]] == ["4x1", "2x2", "1x4"]  # every split (auto)
+    chip = tpu_topology.CHIPS["v4"]
+    for m in p["meshes"]:
+        assert m["fits"] and m["batch"] == 32 * 4  # the tiny model fits the cap: 32 per chip
+        for program in ("prefill", "step"):
+            c = m[program]
+            assert c["flops"] > 0 and c["bytes_accessed"] > 0 and c["memory"]["total"] > 0
+            assert c["compute_s"] == c["flops"] / chip.peak_bf16_flops
+            assert c["s"] == max(
+                c["flops"] / chip.peak_bf16_flops, c["bytes_accessed"] / chip.hbm_bytes_per_s
+            )
+        batch_s = m["prefill"]["s"] + 8 * m["step"]["s"]  # prefill + T x step
+        assert m["time_per_sample_s"] == pytest.approx(batch_s * 4 / m["batch"])  # per chip
+    best = min(p["meshes"], key=lambda m: m["time_per_sample_s"])
+    assert p["mesh"] == best["mesh"] and r["time_per_sample_s"] == best["time_per_sample_s"]
+    assert r["batch"] == best["batch"] and r["batch_rule"] == tp.RULE_AUTO
+    assert r["steps_per_sample_s"] == pytest.approx(r["time_per_sample_s"] - r["prefill_per_sample_s"])
+
+
+def test_the_cost_is_one_devices_and_the_fit_is_the_whole_loops(tmp_path):
+    """Per device: twice the rows per chip, twice the prefill's flops. The fit is the decode loop's
+    memory (``plan --topology``'s decode row), which holds more than the prefill or the step alone."""
+    s = settings(tmp_path)
+    tpu = tpu_topology.slice_devices(TOPOLOGY)
+    m = tp._setup(td.model_config(s), tpu, "4x1")
+    one, two = tp.compile_programs(m, 4, s), tp.compile_programs(m, 8, s)
+    assert two["prefill"]["cost"]["flops"] == pytest.approx(2 * one["prefill"]["cost"]["flops"], rel=0.05)
+    loop = plan.plan(
+        plan.PlanSettings(
+            preset="tiny",
+            num_kv_heads=2,
+            mesh="4x1",
+            batch=8,
+            input_len=32,
+            output_len=8,
+            programs=("decode",),
+            batch_search=(),
+            topology=TOPOLOGY,
+        )  # fmt: skip
+    )["programs"]["decode"]["memory"]["total"]
+    assert tp.loop_memory(m, s, 8)["total"] == loop > two["total"]
+
+
+def test_the_batch_stays_within_the_compilers_element_limit(tmp_path, monkeypatch):
+    """Above MAX_LOGITS_ELEMENTS the TPU compiler crashes: such a batch is never compiled."""
+    s = settings(tmp_path, mesh="4x1")
+    tpu = tpu_topology.slice_devices(TOPOLOGY)
+    m = tp._setup(td.model_config(s), tpu, "4x1")
+    per_row = tp.logits_elements(m.config, m, 4, 32)  # one row per chip: heads x S x S
+    assert per_row == m.config.num_heads * 32 * 32
+    monkeypatch.setattr(tp, "MAX_LOGITS_ELEMENTS", 3 * per_row)  # 3 rows per chip at most
+    row = tp.predict_mesh(m, s, tpu, limit=2**40, log=lambda _: None)
+    assert row["batch"] == 12 and "exceeds" in row["how"] and set(m.compiled) == set(m.loops) == {12}
+    given = tp.predict_mesh(m, td.TimeSettings(**{**vars(s), "batch": 16}), tpu, 2**40, lambda _: None)
+    assert not given["fits"] and "exceeds" in given["why"]
+
+
+def test_a_batch_search_when_the_cap_does_not_fit(tmp_path):
+    s = settings(tmp_path, mesh="4x1")
+    tpu = tpu_topology.slice_devices(TOPOLOGY)
+    m = tp._setup(td.model_config(s), tpu, "4x1")
+    small, cap = tp.loop_memory(m, s, 4)["total"], tp.loop_memory(m, s, 128)["total"]
+    limit = (small + cap) // 2
+    row = tp.predict_mesh(m, s, tpu, limit, lambda _: None)
+    assert 4 <= row["batch"] < 128 and row["batch"] % 4 == 0 and row["fits"]
+    assert m.loops[row["batch"]]["total"] <= limit < m.loops[row["batch"] + 4]["total"]
+
+
+def test_bad_input_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="--predict compiles a preset's shapes"):
+        tp.check_settings(settings(tmp_path, preset=None, num_kv_heads=None, model=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"--mesh 2x1 has 2 devices but TPU slice v4:2x2x1 has 4 chips"):
+        tp.check_settings(settings(tmp_path, mesh="2x1"))
+    with pytest.raises(ValueError, match=r"--batch 6 does not split over mesh 4x1's data axis 4"):
+        tp.check_settings(settings(tmp_path, mesh="4x1", batch=6))
+    with pytest.raises(ValueError, match="unknown TPU generation 'v9'"):
+        tp.check_settings(settings(tmp_path, predict="v9:2x2"))
+    with pytest.raises(ValueError, match="--mesh applies to --predict only"):
+        time_cli.run(parse(["--workdir", str(tmp_path), "--preset", "tiny", "--mesh", "2x2", *SHAPE]))
+    assert not (tmp_path / td.TIMING_FILE).exists()
+
+
+def test_a_report_of_predictions_says_so_with_the_ratio_and_the_speed_ups(tmp_path, predicted):
+    """Table 1 from predicted timing.json records: labelled, beside the paper's, ours / paper."""
+    from test_report import PAPER_ROWS, TASKS, write_run
+
+    times = {"MHA-Large": 0.1, "MHA-XXL": 0.5, "MQA-XXL": 0.05, "GQA-8-XXL": 0.1}
+    runs = [Run(f"time_{m}", "time", {"predict": TOPOLOGY}, (), {"model": m, "predicted": TOPOLOGY})
+            for m in times]  # fmt: skip
+    sweep = Sweep("table1", tuple(runs), {"tasks": TASKS, "rows": PAPER_ROWS})
+    for run in runs:
+        write_run(tmp_path, run, None)
+        record = {**predicted, "time_per_sample_s": times[run.tags["model"]], "prefill_per_sample_s": 0.01}
+        (tmp_path / run.name / td.TIMING_FILE).write_text(json.dumps(record))
+    md = report.write_report(sweep, tmp_path)["report.md"].read_text()
+    table = md.split("## Table 1")[1].split("\n## ")[0]
+    assert f"PREDICTED for TPU {TOPOLOGY} (4 x TPU v4), not measured" in table
+    assert "| model | T_infer (s) PREDICTED | ours / paper | of which prefill (s) |" in table
+    assert "| MHA-XXL | 0.5 (1.51) | 0.33 | 0.01 |" in table
+    assert "MQA-XXL 10.00x (paper 6.29x), GQA-8-XXL 5.00x (paper 5.39x)" in table
+    assert not math.isnan(predicted["time_per_sample_s"])

@@ -13,6 +13,9 @@ import pytest
 from gqa_jax.cli import options
 from gqa_jax.cli import time as time_cli
 from gqa_jax.experiments import report
+from gqa_jax.experiments.parts import md as md_lib
+from gqa_jax.experiments.parts import records
+from gqa_jax.experiments.stats import Stat
 from gqa_jax.experiments.sweep import Run, Sweep
 from gqa_jax.tools import plan, tpu_topology
 from gqa_jax.tools import t_infer as td
@@ -143,7 +146,31 @@ def test_a_report_of_predictions_says_so_with_the_ratio_and_the_speed_ups(tmp_pa
     md = report.write_report(sweep, tmp_path)["report.md"].read_text()
     table = md.split("## Table 1")[1].split("\n## ")[0]
     assert f"PREDICTED for TPU {TOPOLOGY} (4 x TPU v4), not measured" in table
-    assert "| model | T_infer (s) PREDICTED | ours / paper | of which prefill (s) |" in table
-    assert "| MHA-XXL | 0.5 (1.51) | 0.33 | 0.01 |" in table
-    assert "MQA-XXL 10.00x (paper 6.29x), GQA-8-XXL 5.00x (paper 5.39x)" in table
+    floor = records.read_once_floor(predicted)
+    assert (
+        "| model | T_infer (s) PREDICTED | ours / paper | read-once floor (s) | of which prefill (s) |"
+        in table
+    )
+    assert f"| MHA-XXL | 0.5 (1.51) | 0.33 | {md_lib.fmt(Stat(floor), 'time')} | 0.01 |" in table
+    # every record here holds the same compiled programs: the floors' speed-ups are 1
+    assert "MQA-XXL 10.00x, floor 1.00x (paper 6.29x), GQA-8-XXL 5.00x, floor 1.00x (paper 5.39x)" in table
     assert not math.isnan(predicted["time_per_sample_s"])
+
+
+def test_the_read_once_floor_is_the_roofline_of_what_each_program_must_move(predicted):
+    """The floor: each program's flops against the peak, its bytes read or written once (arguments
+    + outputs not aliased, memory_analysis) against the bandwidth; prefill + T x step per sample per
+    chip on the chosen mesh. Below the prediction, whose bytes are XLA's count over every op."""
+    p = predicted["prediction"]
+    chip, row = tpu_topology.CHIPS["v4"], next(m for m in p["meshes"] if m["mesh"] == p["mesh"])
+    once = []
+    for program in ("prefill", "step"):
+        mem, flops = row[program]["memory"], row[program]["flops"]
+        moved = mem["argument"] + mem["output"] - mem["alias"]
+        assert 0 < moved < row[program]["bytes_accessed"]  # XLA counts more than the minimum
+        once.append(max(flops / chip.peak_bf16_flops, moved / chip.hbm_bytes_per_s))
+    expected = (once[0] + 8 * once[1]) * 4 / predicted["batch"]
+    assert records.read_once_floor(predicted) == pytest.approx(expected)
+    assert 0 < records.read_once_floor(predicted) < predicted["time_per_sample_s"]
+    measured = {k: v for k, v in predicted.items() if k != "prediction"}
+    assert records.read_once_floor(measured) is None  # a measured time has no floor

@@ -31,6 +31,7 @@ class Fig6:
     groups: tuple[int, ...]
     lines: Mapping[str, tuple[Stat, ...]]  # KV cache -> a time per group; the float cache's first
     prefills: Mapping[str, tuple[Stat, ...]]  # KV cache -> the prefill's time per group (as lines)
+    floors: Mapping[str, tuple[Stat, ...]]  # KV cache -> a predicted time's read-once floor per group
     reference_groups: int | None  # MHA's number of groups
     reference_label: str
     reference: Stat  # MHA's time, the float cache's
@@ -55,6 +56,7 @@ class Fig6Part(Part[Fig6]):
         pick = select("time", "groups", part=self.name)
         cells = gather_times(records, pick, key)
         prefill_cells = gather_times(records, pick, key, "prefill_times")
+        floor_cells = gather_times(records, pick, key, "floor_times")
         groups = unique([*schema.get("groups", []), *sorted(g for _, g in cells)])
         caches = unique([*schema.get("caches", [FLOAT_CACHE]), *(c for c, _ in cells)])
         ref = schema.get("reference_groups", max(groups, default=None))
@@ -68,6 +70,7 @@ class Fig6Part(Part[Fig6]):
             groups=tuple(groups),
             lines={c: tuple(cells.get((c, g), Stat(None)) for g in groups) for c in caches},
             prefills={c: tuple(prefill_cells.get((c, g), Stat(None)) for g in groups) for c in caches},
+            floors={c: tuple(floor_cells.get((c, g), Stat(None)) for g in groups) for c in caches},
             reference_groups=ref,
             reference_label=f"MHA ({ref} groups)",
             reference=cells.get((FLOAT_CACHE, ref), Stat(None)),
@@ -79,6 +82,8 @@ class Fig6Part(Part[Fig6]):
         quantized = [c for c in lines if c != FLOAT_CACHE]
         header = ["groups", *(f"{c} cache: time per sample (s)" for c in lines)]
         header += [f"{c} / {FLOAT_CACHE}" for c in quantized if FLOAT_CACHE in lines]
+        floors = [c for c in lines if any(not f.missing for f in result.floors[c])]
+        header += [f"{c} cache: read-once floor (s)" for c in floors]
         shares = [c for c in lines if any(not p.missing for p in result.prefills[c])]
         header += [f"{c} cache: prefill's share" for c in shares]
         rows = []
@@ -88,6 +93,7 @@ class Fig6Part(Part[Fig6]):
             for c in quantized if FLOAT_CACHE in lines else ():
                 q, f = lines[c][i], lines[FLOAT_CACHE][i]
                 row.append("missing" if q.missing or f.missing else f"{q.mean / f.mean:.3f}")
+            row += [md.fmt(result.floors[c][i], "time") for c in floors]
             for c in shares:
                 t, p = lines[c][i], result.prefills[c][i]
                 row.append("missing" if t.missing or p.missing else f"{p.mean / t.mean:.0%}")
@@ -104,6 +110,13 @@ class Fig6Part(Part[Fig6]):
             "",
             *md.image(self.name, files, result.title),
             f"Time: {result.source}.{cache_note}"
+            + (
+                " Read-once floor: the same roofline with each program's bytes what it must read or "
+                "write once (the weights, the cache), a lower bound where the prediction's byte count "
+                "(XLA's over every op) is an upper one."
+                if floors
+                else ""
+            )
             + (
                 " The prefill's share: the median time of the prefill alone (encoder, cross K/V, the "
                 "empty cache; timing.json's prefill_times_s) over the whole time; the rest is the "
@@ -129,6 +142,11 @@ class Fig6Part(Part[Fig6]):
                     csv_row(self.name, f"groups={g}", column, p)
                     for g, p in zip(result.groups, prefill, strict=True)
                 ]
+            floor = result.floors.get(cache, ())
+            if any(not f.missing for f in floor):
+                column = "floor_s" + ("" if cache == FLOAT_CACHE else f"[{cache} cache]")
+                pairs = zip(result.groups, floor, strict=True)
+                rows += [csv_row(self.name, f"groups={g}", column, f) for g, f in pairs]
         return rows
 
     def figure(self, result: Fig6, path: Path) -> Path:

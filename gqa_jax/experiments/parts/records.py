@@ -33,6 +33,7 @@ class Record:
     time: float | None = None  # timing.json time_per_sample_s
     times: tuple[float, ...] = ()  # timing.json times_s / batch: each repeat's time per sample
     prefill_times: tuple[float, ...] = ()  # timing.json prefill_times_s / batch (the prefill alone)
+    floor_times: tuple[float, ...] = ()  # a predicted time's read-once floor (:func:`read_once_floor`)
     dev_loss: float | None = None  # results.json loss: teacher-forced NLL per target token
     loss: float | None = None  # last eval/loss of metrics.jsonl (a training run's dev loss)
     start_loss: float | None = None  # eval/loss at step 0 (eval_at_start: the converted model's)
@@ -76,6 +77,27 @@ def _per_sample(timing: Mapping[str, Any], field: str) -> tuple[float, ...]:
     return () if None in values else tuple(v / batch for v in values)  # type: ignore[operator]
 
 
+def read_once_floor(timing: Mapping[str, Any]) -> float | None:
+    """A predicted time's lower bound, per sample per chip: the prediction's roofline on the mesh and
+    batch it chose, with each program's bytes what it must read or write once (its arguments, the
+    weights and the cache, and its outputs not aliased to them; ``memory_analysis``) instead of
+    XLA's count over every op. None for a measured time or a record without those fields."""
+    p = timing.get("prediction")
+    if not isinstance(p, Mapping):
+        return None
+    try:
+        chip, chips, batch, steps = p["chip"], p["chips"], timing["batch"], timing["output_len"]
+        row = next(m for m in p["meshes"] if m["mesh"] == p["mesh"])
+        seconds = []
+        for program in (row["prefill"], row["step"]):
+            mem = program["memory"]
+            once = mem["argument"] + mem["output"] - mem["alias"]
+            seconds.append(max(program["flops"] / chip["peak_bf16_flops"], once / chip["hbm_bytes_per_s"]))
+        return _finite((seconds[0] + steps * seconds[1]) * chips / batch)
+    except (KeyError, TypeError, StopIteration, ZeroDivisionError):
+        return None
+
+
 def read_run(root: Path, run: Run) -> Record:
     d = root / run.name
     info = _json(d / "run.json")
@@ -97,6 +119,7 @@ def read_run(root: Path, run: Run) -> Record:
         prefill_times=(prefill,)
         if predicted and prefill is not None
         else _per_sample(timing, "prefill_times_s"),
+        floor_times=tuple(f for f in (read_once_floor(timing),) if f is not None),
         dev_loss=_finite(results.get("loss")),
         loss=last,
         start_loss=start,
@@ -165,8 +188,8 @@ def gather_times(
     records: Sequence[Record], pick: Callable[[Run], bool], key: Callable[[Run], Any], value: str = "times"
 ) -> dict[Any, Stat]:
     """Time cells: the picked runs grouped by ``key``, each a ``Stat`` over every timing repeat of
-    its done runs (``value``: ``times`` or ``prefill_times``, seconds per sample): ``mean`` the
-    median, ``std`` their sample std, ``n`` the repeats, ``seeds`` (run, repeat) -> time. A run
+    its done runs (``value``: ``times``, ``prefill_times`` or ``floor_times``, seconds per sample):
+    ``mean`` the median, ``std`` their sample std, ``n`` the repeats, ``seeds`` (run, repeat) -> time. A run
     whose timing.json has no repeats (an older one) counts its ``time`` as one repeat."""
     out = {}
     for k, recs in group(records, pick, key).items():

@@ -49,6 +49,7 @@ class Table1Row:
     plain_mean: Stat  # the mean over the tasks (missing when one is)
     paper: PaperRow
     prefill: Stat = Stat(None)  # the prefill alone, as ``time`` (timing.json prefill_times_s)
+    floor: Stat = Stat(None)  # a predicted T_infer's read-once floor (``records.read_once_floor``)
     losses: Mapping[str, Stat] = dataclasses.field(default_factory=dict)  # task -> dev loss cell
     mean_loss: Stat = Stat(None)  # the mean dev loss over the tasks (missing when one is)
 
@@ -90,6 +91,7 @@ class Table1Part(Part[Table1]):
             timed = select("time", "model", part=self.name)
         times = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)))
         prefills = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)), "prefill_times")
+        floors = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)), "floor_times")
         tasks = task_columns(schema, [t for _, t in scores])
         paper_rows = schema.get("rows", {})
         models = unique([*paper_rows, *(m for m, _ in scores), *(m for m, _ in times)])
@@ -98,6 +100,7 @@ class Table1Part(Part[Table1]):
             cells = {t: scores.get((m, t), Stat(None)) for t, _ in tasks}
             time_cells = [s for (mm, _), s in times.items() if mm == m]
             prefill_cells = [s for (mm, _), s in prefills.items() if mm == m]
+            floor_cells = [s for (mm, _), s in floors.items() if mm == m and not s.missing]
             loss_cells = {t: losses.get((m, t), Stat(None)) for t, _ in tasks}
             paper = paper_rows.get(m, {})
             paper_scores = paper.get("scores", {})
@@ -114,6 +117,7 @@ class Table1Part(Part[Table1]):
                     plain_mean=None if None in paper_mean or not tasks else statistics.fmean(paper_mean),
                 ),
                 prefill=mean_of(prefill_cells) if prefill_cells else Stat(None),
+                floor=mean_of(floor_cells) if floor_cells else Stat(None),
                 losses=loss_cells,
                 mean_loss=mean_of(list(loss_cells.values())),
             ))  # fmt: skip
@@ -124,10 +128,12 @@ class Table1Part(Part[Table1]):
     def markdown(self, result: Table1, files: Mapping[str, str]) -> list[str]:
         prefill = any(not r.prefill.missing for r in result.rows)
         ratio = result.predicted is not None and any(_ratio(r) for r in result.rows)
+        floor = any(not r.floor.missing for r in result.rows)
         header = [
             "model",
             "T_infer (s)" + (" PREDICTED" if result.predicted else ""),
             *(["ours / paper"] if ratio else []),
+            *(["read-once floor (s)"] if floor else []),
             *(["of which prefill (s)"] if prefill else []),
             *(label for _, label in result.tasks),
             "Average (paper)",
@@ -140,6 +146,7 @@ class Table1Part(Part[Table1]):
                 r.model,
                 md.cell(r.time, p.time, "time"),
                 *([_ratio(r) or "—"] if ratio else []),
+                *([md.fmt(r.floor, "time")] if floor else []),
                 *([md.fmt(r.prefill, "time")] if prefill else []),
                 *(md.cell(r.scores[t], p.scores.get(t)) for t, _ in result.tasks),
                 md.NOT_IN_SWEEP if p.average is None else str(p.average),
@@ -150,6 +157,9 @@ class Table1Part(Part[Table1]):
             "",
             f"T_infer: time per sample in seconds; ours: {result.source}; the mean of a model's time runs "
             "(one per set of lengths); the paper's: per TPUv4 chip."
+            + (" Read-once floor: the same roofline with each program's bytes what it must read or write "
+               "once (the weights, the cache), a lower bound where the prediction's byte count, XLA's "
+               "over every op, is an upper one." if floor else "")
             + (" Of which prefill: the encoder and the cache's set-up alone (timing.json's "
                "prefill_times_s), the rest is the decoder's steps." if prefill else "")
             + " Scores: the dev sets' primary metric. "
@@ -189,6 +199,8 @@ class Table1Part(Part[Table1]):
             rows.append(csv_row(self.name, r.model, "plain_mean", r.plain_mean, p.plain_mean))
             if not r.prefill.missing:
                 rows.append(csv_row(self.name, r.model, "prefill_s", r.prefill))
+            if not r.floor.missing:
+                rows.append(csv_row(self.name, r.model, "T_infer_floor_s", r.floor))
             if r.has_losses:
                 rows += [csv_row(self.name, r.model, f"dev_loss[{t}]", r.losses[t]) for t, _ in result.tasks]
                 rows.append(csv_row(self.name, r.model, "dev_loss[mean]", r.mean_loss))
@@ -206,7 +218,8 @@ def _ratio(row: Table1Row) -> str:
 
 
 def speedups(result: Table1) -> list[str]:
-    """Each XXL model's speed-up over MHA-XXL (its T_infer / theirs), ours beside the paper's."""
+    """Each XXL model's speed-up over MHA-XXL (its T_infer / theirs), ours beside the paper's; with
+    predicted times, the read-once floors' speed-ups too."""
     rows = {r.model: r for r in result.rows}
     base = rows.get(SPEEDUP_OVER)
     if base is None or base.time.missing:
@@ -217,7 +230,9 @@ def speedups(result: Table1) -> list[str]:
             continue
         paper = base.paper.time / r.paper.time if base.paper.time and r.paper.time else None
         ours = base.time.mean / r.time.mean
-        parts.append(f"{r.model} {ours:.2f}x" + (f" (paper {paper:.2f}x)" if paper else ""))
+        floors = not (base.floor.missing or r.floor.missing)
+        floor = f", floor {base.floor.mean / r.floor.mean:.2f}x" if floors else ""
+        parts.append(f"{r.model} {ours:.2f}x{floor}" + (f" (paper {paper:.2f}x)" if paper else ""))
     if not parts:
         return []
     return ["", f"Speed-up over {SPEEDUP_OVER} (its T_infer / the model's): " + ", ".join(parts) + "."]

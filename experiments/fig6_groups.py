@@ -22,8 +22,11 @@ Predicted instead of timed, on this CPU (libtpu: ``pip install -r requirements-t
 
 ``predict`` names a TPU slice (``v4:2x2x2``: the paper's 8 TPUv4 chips); each run compiles the
 prefill and one decode step for it with the TPU compiler and predicts the time per sample per chip
-by a roofline (``time --predict``, docs/experiments.md), the mesh and batch tuned per model; the
-runs are named ``..._predicted_v4-2x2x2``, beside measured ones. Minutes per run on 2 cores.
+by a roofline (``time --predict``, docs/experiments.md), the mesh and batch tuned per model
+(``--set mesh=1x8`` for one mesh: 8-way model parallelism, the fastest in every auto run measured);
+the runs are named ``..._predicted_v4-2x2x2``, beside measured ones. 2 to 4 minutes per run on 2
+cores at ``mesh=1x8``, about 4 alone with every split. The measured predictions (both caches, with
+the read-once floors): docs/experiments.md, "Predicted for the paper's TPUs".
 """
 
 from gqa_jax.experiments import paper

@@ -27,7 +27,9 @@ alone, no checkpoint needed; libtpu: ``pip install -r requirements-tpu.txt``):
     python -m gqa_jax report experiments/table1.py --root runs/table1 --set predict=v4:2x2x2
 
 (``time --predict``: a roofline of the TPU compiler's cost analysis, docs/experiments.md; the
-report labels the times as predictions and gives their ratio to the paper's.)
+report labels the times as predictions and gives their ratio to the paper's and the read-once
+floor beside each; ``--set mesh=1x8`` for one mesh instead of every split, 2 to 4 minutes per run.
+The measured predictions: docs/experiments.md, "Predicted for the paper's TPUs".)
 """
 
 from gqa_jax.experiments import paper

@@ -16,7 +16,7 @@ from typing import Any
 
 from gqa_jax.experiments.parts import md, plot
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
-from gqa_jax.experiments.parts.records import Record, gather_times, select, time_source, unique
+from gqa_jax.experiments.parts.records import FLOOR_NOTE, Record, gather_times, select, time_source, unique
 from gqa_jax.experiments.stats import Stat
 
 FLOAT_CACHE = "float"  # the line of the time runs without a "cache" tag (the model's dtype)
@@ -110,13 +110,7 @@ class Fig6Part(Part[Fig6]):
             "",
             *md.image(self.name, files, result.title),
             f"Time: {result.source}.{cache_note}"
-            + (
-                " Read-once floor: the same roofline with each program's bytes what it must read or "
-                "write once (the weights, the cache), a lower bound where the prediction's byte count "
-                "(XLA's over every op) is an upper one."
-                if floors
-                else ""
-            )
+            + (f" {FLOOR_NOTE}" if floors else "")
             + (
                 " The prefill's share: the median time of the prefill alone (encoder, cross K/V, the "
                 "empty cache; timing.json's prefill_times_s) over the whole time; the rest is the "

@@ -77,6 +77,13 @@ def _per_sample(timing: Mapping[str, Any], field: str) -> tuple[float, ...]:
     return () if None in values else tuple(v / batch for v in values)  # type: ignore[operator]
 
 
+FLOOR_NOTE = (
+    "Read-once floor: the same roofline with each program's bytes what it must read or write once (the "
+    "weights, the cache), a lower bound where the prediction's byte count (XLA's over every op) is an "
+    "upper one."
+)  # the captions of the parts that show :func:`read_once_floor`
+
+
 def read_once_floor(timing: Mapping[str, Any]) -> float | None:
     """A predicted time's lower bound, per sample per chip: the prediction's roofline on the mesh and
     batch it chose, with each program's bytes what it must read or write once (its arguments, the

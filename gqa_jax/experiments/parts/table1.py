@@ -19,6 +19,7 @@ from typing import Any
 from gqa_jax.experiments.parts import md
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
 from gqa_jax.experiments.parts.records import (
+    FLOOR_NOTE,
     Record,
     gather,
     gather_times,
@@ -157,9 +158,7 @@ class Table1Part(Part[Table1]):
             "",
             f"T_infer: time per sample in seconds; ours: {result.source}; the mean of a model's time runs "
             "(one per set of lengths); the paper's: per TPUv4 chip."
-            + (" Read-once floor: the same roofline with each program's bytes what it must read or write "
-               "once (the weights, the cache), a lower bound where the prediction's byte count, XLA's "
-               "over every op, is an upper one." if floor else "")
+            + (f" {FLOOR_NOTE}" if floor else "")
             + (" Of which prefill: the encoder and the cache's set-up alone (timing.json's "
                "prefill_times_s), the rest is the decoder's steps." if prefill else "")
             + " Scores: the dev sets' primary metric. "

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
@@ -388,6 +389,33 @@ def test_fine_tuning_keeps_the_last_checkpoints_and_the_best_scored_one(capsys, 
                      "--config.progress=False", "--noconfig.eval_at_start"])  # fmt: skip
     assert code == 0, capsys.readouterr().err[-3000:]
     best = json.loads((wd / "summary.json").read_text())["best_step"]
-    assert best in (3, 6)
+    scores = {r["step"]: r["eval/rouge1"] for r in metric_writers.read_metrics(wd / "metrics.jsonl")
+              if "eval/rouge1" in r}  # fmt: skip
+    assert set(scores) == {3, 6} and best == max(scores, key=lambda k: (scores[k], k))
     kept = {int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()}
     assert kept == {5, 6, best}
+
+
+def test_the_best_step_is_the_highest_scored_checkpoint_not_the_latest(tmp_path):
+    """The run's manager: best_step() is the highest saved score (the later step on a tie), never an
+    unscored checkpoint, and it holds for a manager reopened on the same directory (a resume)."""
+    from gqa_jax.training.workdir import checkpoint_manager
+
+    manager = checkpoint_manager(tmp_path, keep=2, best=True)
+    scores = {1: 5.0, 2: 9.0, 3: None, 4: 4.0, 5: None}
+    for step, score in scores.items():
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"x": np.zeros(2)}),
+                                                   data=ocp.args.JsonSave({"step": step})),
+                     metrics=None if score is None else {"score": score}, force=True)  # fmt: skip
+    manager.wait_until_finished()
+    assert set(manager.all_steps()) == {2, 4, 5}  # the last two and the best scored one
+    assert manager.best_step() == 2 and manager.latest_step() == 5
+    manager.save(6, args=ocp.args.Composite(state=ocp.args.StandardSave({"x": np.zeros(2)}),
+                                            data=ocp.args.JsonSave({"step": 6})),
+                 metrics={"score": 9.0}, force=True)  # fmt: skip
+    manager.wait_until_finished()
+    assert manager.best_step() == 6  # a tie: the later step
+    manager.close()
+    reopened = checkpoint_manager(tmp_path, keep=2, best=True)
+    assert reopened.best_step() == 6
+    reopened.close()

@@ -187,8 +187,12 @@ def checkpoint_manager(workdir: Any, keep: int, best: bool) -> Any:
                 get_metric_fn=lambda m: m["score"], reverse=False, n=1, keep_checkpoints_without_metrics=False
             )
         )
+    # best_fn makes the manager write each checkpoint's score to disk and best_step() the highest
+    # scored step (the later on a tie); without it best_step() is the latest step.
+    best_fn = {"best_fn": lambda m: m["score"], "best_mode": "max"} if best else {}
     options = ocp.CheckpointManagerOptions(
         preservation_policy=cm.AnyPreservationPolicy(policies),
+        **best_fn,
         enable_async_checkpointing=True,
         create=True,
         cleanup_tmp_directories=True,  # a save killed midway leaves a temporary directory

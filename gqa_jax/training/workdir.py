@@ -179,17 +179,20 @@ def write_config(workdir: Any, config: Any) -> None:
     (workdir / "config.json").write_text(text)
 
 
+def _score(metrics: Mapping[str, Any]) -> float:
+    """A checkpoint's dev score, as ``save`` records it (higher is better)."""
+    return metrics["score"]
+
+
 def checkpoint_manager(workdir: Any, keep: int, best: bool) -> Any:
     policies = [cm.LatestN(n=keep)]
     if best:  # also keep the best checkpoint by the task's headline metric (only scored ones)
         policies.append(
-            cm.BestN(
-                get_metric_fn=lambda m: m["score"], reverse=False, n=1, keep_checkpoints_without_metrics=False
-            )
+            cm.BestN(get_metric_fn=_score, reverse=False, n=1, keep_checkpoints_without_metrics=False)
         )
     # best_fn makes the manager write each checkpoint's score to disk and best_step() the highest
     # scored step (the later on a tie); without it best_step() is the latest step.
-    best_fn = {"best_fn": lambda m: m["score"], "best_mode": "max"} if best else {}
+    best_fn = {"best_fn": _score, "best_mode": "max"} if best else {}
     options = ocp.CheckpointManagerOptions(
         preservation_policy=cm.AnyPreservationPolicy(policies),
         **best_fn,

@@ -31,7 +31,10 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       scan_layers (bool: the layers as one lax.scan, compiled once; same results);
                       from a checkpoint only dropout_rate, dtype, remat and scan_layers apply
                       (num_kv_heads, grouped_attentions, param_dtype must equal the checkpoint's)
-    optimizer.*       warmup_steps (rsqrt schedule), learning_rate (constant schedule: fine-tuning)
+    optimizer.*       warmup_steps (rsqrt schedule), learning_rate (fine-tuning's rate), schedule
+                      (str, fine-tuning only: "constant", the paper's and the default, or "linear":
+                      learning_rate at step 0 decaying to 0 at num_train_steps; pre- and uptraining
+                      use T5's rsqrt)
     uptrain.*         source (str: MHA checkpoint), num_kv_heads, method (a name of
                       gqa_jax.conversion.names(): mean, the paper's, and more; docs/checkpoints.md),
                       attentions (tuple), alpha, original_steps, source_step (int: schedule offset;
@@ -108,7 +111,9 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
             "scan_layers": config_dict.placeholder(bool),
         }
     )
-    c.optimizer = config_dict.ConfigDict({"warmup_steps": 10_000, "learning_rate": 1e-3})
+    c.optimizer = config_dict.ConfigDict(
+        {"warmup_steps": 10_000, "learning_rate": 1e-3, "schedule": config_dict.placeholder(str)}
+    )
     c.uptrain = config_dict.ConfigDict(
         {
             "source": config_dict.placeholder(str),

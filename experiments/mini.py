@@ -241,6 +241,7 @@ def get_sweep(params):
                 eval_at_start=False,
                 checkpoint_every=1000,
                 **{"optimizer.learning_rate": ft["learning_rate"]},
+                **({"optimizer.schedule": ft["schedule"]} if "schedule" in ft else {}),
             )
             # the model before fine-tuning, scored the same way (the sanity claims' step 0)
             runs.append(

@@ -79,6 +79,7 @@ def steps_of(workdir):
         ("eval_every", -2, "config.eval_every must be an integer"),
         ("optimizer.learning_rate", 0.0, "config.optimizer.learning_rate must be a finite number > 0"),
         ("optimizer.warmup_steps", 0, "config.optimizer.warmup_steps must be an integer >= 1"),
+        ("optimizer.schedule", "linear", "config.optimizer.schedule must be None (pretrain uses T5's rsqrt"),
         ("model.dropout_rate", 1.5, "config.model.dropout_rate must be a number in [0, 1)"),
         ("model.num_kv_heads", 0, "config.model.num_kv_heads must be an integer >= 1"),
         ("model.remat", "most", "config.model.remat must be one of none, full"),

@@ -51,8 +51,13 @@ def test_schedules():
     assert float(continued(0)) == pytest.approx(float(rsqrt(90_000)))
     const = training.make_schedule(training.OptimizerConfig("constant", learning_rate=1e-3))
     assert float(const(0)) == float(const(10**6)) == pytest.approx(1e-3)
+    linear = training.make_schedule(training.OptimizerConfig("linear", learning_rate=1e-2, decay_steps=100))
+    rates = [float(linear(s)) for s in (0, 50, 99, 100, 200)]
+    assert rates == pytest.approx([1e-2, 5e-3, 1e-4, 0.0, 0.0])  # step 99 is the last update of 100
     with pytest.raises(ValueError, match="unknown schedule"):
         training.make_schedule(training.OptimizerConfig("cosine"))
+    with pytest.raises(ValueError, match="linear schedule needs learning_rate > 0 and decay_steps >= 1"):
+        training.make_schedule(training.OptimizerConfig("linear", learning_rate=1e-2))
 
 
 def test_accumulation_matches_one_batch_and_loss_falls():
@@ -196,6 +201,30 @@ def test_uptraining_converts_then_runs_alpha_times_original_steps(small_vocab, t
     saved = nnx.to_pure_dict(nnx.state(checkpoints.load(tmp_path / "alpha0" / "model")[0], nnx.Param))
     for x, y in zip(jax.tree.leaves(saved), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_finetuning_schedule_linear_decays_to_zero_at_the_last_step(small_vocab, tmp_path):
+    source = checkpoints.save(
+        T5(preset("tiny", vocab_size=small_vocab.vocab_size), rngs=nnx.Rngs(1)), tmp_path / "m"
+    )
+    fields = {"_file": "configs/finetune.py", "task": "cnn_dailymail", "init_from": str(source)}
+    config = tiny_config(
+        small_vocab.path, tmp_path, num_train_steps=40, **fields, **{"optimizer.learning_rate": 0.01}
+    )
+    assert training.init_model(config, small_vocab)[1].schedule == "constant"  # the paper's, the default
+    config = tiny_config(
+        small_vocab.path, tmp_path, num_train_steps=40, **fields,
+        **{"optimizer.learning_rate": 0.01, "optimizer.schedule": "linear"},
+    )  # fmt: skip
+    training.check_config(config)
+    opt_cfg = training.init_model(config, small_vocab)[1]
+    assert (opt_cfg.schedule, opt_cfg.decay_steps, opt_cfg.learning_rate) == ("linear", 40, 0.01)
+    with pytest.raises(
+        ValueError, match="config.optimizer.schedule must be one of constant, linear, got 'cosine'"
+    ):
+        training.check_config(
+            tiny_config(small_vocab.path, tmp_path, **fields, **{"optimizer.schedule": "cosine"})
+        )
 
 
 def test_bad_configs(small_vocab, tmp_path):

@@ -127,7 +127,8 @@ def init_model(config: Any, vocab: Any, mesh: Any = None) -> tuple[Any, Optimize
     else:
         model = _model_config(config, vocab)
         info["init_from"] = None
-    return model, OptimizerConfig("constant", learning_rate=opt.learning_rate), info
+    schedule = opt.schedule or "constant"  # "linear" decays to 0 at the run's last step
+    return model, OptimizerConfig(schedule, opt.learning_rate, decay_steps=config.num_train_steps), info
 
 
 def _scored_at(workdir: Any, step: int) -> bool:

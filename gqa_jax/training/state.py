@@ -8,7 +8,9 @@ Schedules (``make_schedule``):
   * ``rsqrt``: T5 pre-training, ``lr = 1 / sqrt(max(step + offset, warmup_steps))`` (0.01 for
     the first 10k steps, then inverse square root decay);
   * uptraining continues that schedule from the source checkpoint's step: ``offset`` = its step;
-  * ``constant``: fine-tuning at 0.001.
+  * ``constant``: fine-tuning at 0.001 (the paper's);
+  * ``linear``: fine-tuning from ``learning_rate`` at step 0 down to 0 at ``decay_steps`` (the
+    run's last step), so the last steps move the weights little (the mini's choice, docs/training.md).
 
 Shardings: parameters by the rule table (``gqa_jax.sharding``); optimizer leaves shaped like
 their parameter take its sharding, the rest (factored moments, counters) are replicated.
@@ -56,8 +58,9 @@ class TrainState:
 class OptimizerConfig:
     """The schedule and Adafactor settings (T5's defaults)."""
 
-    schedule: str = "rsqrt"  # "rsqrt" | "constant"
-    learning_rate: float = FINETUNE_LR  # the "constant" schedule's rate (rsqrt has none)
+    schedule: str = "rsqrt"  # "rsqrt" | "constant" | "linear"
+    learning_rate: float = FINETUNE_LR  # "constant"'s rate, "linear"'s at step 0 (rsqrt has none)
+    decay_steps: int = 0  # "linear": the step at which the rate reaches 0
     warmup_steps: int = T5_WARMUP_STEPS
     offset: int = 0  # uptraining: the source checkpoint's step
     decay_rate: float = 0.8
@@ -79,7 +82,22 @@ def make_schedule(cfg: OptimizerConfig) -> Callable[[Array], Array]:
         if cfg.learning_rate <= 0:
             raise ValueError(f"constant schedule needs learning_rate > 0, got {cfg.learning_rate}")
         return lambda step: jnp.full((), cfg.learning_rate, jnp.float32)
-    raise ValueError(f"unknown schedule {cfg.schedule!r}; use 'rsqrt' (pre-/uptraining) or 'constant'")
+    if cfg.schedule == "linear":
+        if cfg.learning_rate <= 0 or cfg.decay_steps < 1:
+            raise ValueError(
+                f"linear schedule needs learning_rate > 0 and decay_steps >= 1, got {cfg.learning_rate} "
+                f"and {cfg.decay_steps}"
+            )
+
+        def linear(step: Array) -> Array:
+            left = 1.0 - jnp.minimum(step, cfg.decay_steps).astype(jnp.float32) / cfg.decay_steps
+            return cfg.learning_rate * left
+
+        return linear
+    raise ValueError(
+        f"unknown schedule {cfg.schedule!r}; use 'rsqrt' (pre-/uptraining), 'constant' or 'linear' "
+        "(fine-tuning)"
+    )
 
 
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:

@@ -27,6 +27,7 @@ SHAPE_FIELDS = ("d_model", "d_ff", "num_encoder_layers", "num_decoder_layers", "
 POSITIVE = ("batch_size", "num_microbatches", "checkpoint_every", "log_every", "keep_checkpoints",
             "eval_examples", "eval_batch_size")  # fmt: skip
 LENGTHS = ("input_length", "target_length")
+FINETUNE_SCHEDULES = ("constant", "linear")  # optimizer.schedule (pre- and uptraining: rsqrt)
 
 
 def _fail(name: str, value: Any, rule: str) -> None:
@@ -56,6 +57,12 @@ def _check_numbers(config: Any) -> None:
         _fail("optimizer.warmup_steps", opt.warmup_steps, "an integer >= 1")
     if not isinstance(opt.learning_rate, int | float) or not 0 < opt.learning_rate < float("inf"):
         _fail("optimizer.learning_rate", opt.learning_rate, "a finite number > 0")
+    if opt.get("schedule") is not None:
+        if config.recipe != "finetune":
+            rule = f"None ({config.recipe} uses T5's rsqrt schedule; only fine-tuning takes one)"
+            _fail("optimizer.schedule", opt.schedule, rule)
+        if opt.schedule not in FINETUNE_SCHEDULES:
+            _fail("optimizer.schedule", opt.schedule, f"one of {', '.join(FINETUNE_SCHEDULES)}")
     rate = config.model.dropout_rate
     if rate is not None and not (isinstance(rate, int | float) and 0 <= rate < 1):
         _fail("model.dropout_rate", rate, "a number in [0, 1)")

@@ -63,6 +63,7 @@ ADDED_FIELDS = {
     "uptrain.calibration_batches": 0,
     "uptrain.calibration_batch_size": 8,
     "uptrain.calibration_task": None,
+    "optimizer.schedule": None,
 }
 
 

@@ -230,7 +230,7 @@ def test_bad_sweep_files_are_clear_errors(tmp_path):
         )
 
 
-@pytest.mark.parametrize("scale, runs", [("default", 96), ("quick", 32), ("large", 103)])
+@pytest.mark.parametrize("scale, runs", [("default", 70), ("quick", 32), ("large", 103)])
 def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs):
     sweep = load_sweep(REPO / "experiments" / "mini.py", [f"scale={scale}"])
     assert len(sweep.runs) == runs
@@ -238,6 +238,9 @@ def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs)
     finetuned = {(r.tags["model"], r.tags["task"]) for r in sweep.runs if r.stage == "finetune"}
     assert starts == finetuned  # every fine-tuned cell has its step-0 score (the sanity claims')
     assert all(r.args["runs"] >= 5 for r in sweep.runs if r.stage == "time")  # timings with spread
+    if scale != "large":  # the CPU scales' fine-tuning: the rate decays to 0, no dropout
+        finetunes = [r.args for r in sweep.runs if r.stage == "finetune"]
+        assert all(a["optimizer.schedule"] == "linear" and a["model.dropout_rate"] == 0.0 for a in finetunes)
     assert {r.stage for r in sweep.runs} == {"pretrain", "convert", "uptrain", "finetune", "evaluate", "time"}
     models = {r.tags["model"] for r in sweep.runs if r.stage == "evaluate"}
     assert models == {"MHA-Large", "MHA-XXL", "MQA-XXL", *sweep.paper["fig5"]["models"][1:]}

@@ -7,7 +7,8 @@ decoding for evaluation, keep the checkpoint with the best dev score).
 
 From configs/pretrain.py's 400-step model (``runs/pt``): batch 16, 256 input tokens, 300 steps,
 ROUGE-1 on 200 dev examples; its runtime and scores, and why the mini (experiments/mini.py)
-fine-tunes at ``--config.optimizer.learning_rate=0.01`` instead of the paper's 0.001, are in
+fine-tunes at ``--config.optimizer.learning_rate=0.005`` falling linearly to 0
+(``--config.optimizer.schedule=linear``) instead of the paper's constant 0.001, are in
 docs/training.md ("Measured pre-training and fine-tuning", "The fine-tuning learning rate of the
 demo and the mini").
 

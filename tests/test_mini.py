@@ -86,9 +86,9 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
     # every stage left its outputs
     assert (root / "convert_xxl_k1" / "model" / "manifest.json").is_file()
     assert json.loads((root / "uptrain_large_mqa_first" / "conversion.json").read_text())["method"] == "first"
-    assert (root / "ft_mqa_xxl_stdlib_docsum_s1" / "best_model").is_dir()
-    results = json.loads((root / "eval_mqa_xxl_stdlib_docsum_s1" / "results.json").read_text())
-    assert results["task"] == "stdlib_docsum" and 0 < results["examples"] <= 4  # the subset has 2 dev rows
+    assert (root / "ft_mqa_xxl_stdlib_calls_s1" / "best_model").is_dir()
+    results = json.loads((root / "eval_mqa_xxl_stdlib_calls_s1" / "results.json").read_text())
+    assert results["task"] == "stdlib_calls" and 0 < results["examples"] <= 4  # the subset has 2 dev rows
     timing = json.loads((root / "time_xxl_groups_1" / "timing.json").read_text())
     assert timing["batch"] == 2 and timing["input_len"] == 128 and timing["num_kv_heads"] == 1
     alpha0 = [
@@ -129,6 +129,6 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
     mqa = [
         r
         for r in rows
-        if r["section"] == "table1" and r["row"] == "MQA-XXL" and r["column"] == "stdlib_docsum"
+        if r["section"] == "table1" and r["row"] == "MQA-XXL" and r["column"] == "stdlib_calls"
     ]
     assert mqa[0]["n_seeds"] == "2" and mqa[0]["paper"] == ""

@@ -10,7 +10,7 @@ import pytest
 
 from gqa_jax.data import tasks
 from gqa_jax.experiments import paper, runner
-from gqa_jax.experiments.sweep import load_sweep
+from gqa_jax.experiments.sweep import load_module, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = Path("/tmp/sweep-root")
@@ -237,6 +237,9 @@ def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs)
     starts = {(r.tags["model"], r.tags["task"]) for r in sweep.runs if r.tags.get("start")}
     finetuned = {(r.tags["model"], r.tags["task"]) for r in sweep.runs if r.stage == "finetune"}
     assert starts == finetuned  # every fine-tuned cell has its step-0 score (the sanity claims')
+    mini = load_module(REPO / "experiments" / "mini.py")
+    built, _ = mini.suite_needs({**mini.PARAMS, "scale": scale})  # demo builds the tasks' datasets
+    assert set(built) == {"stdlib_corpus", *(tasks.get_task(t).source for _, t in finetuned)}
     assert all(r.args["runs"] >= 5 for r in sweep.runs if r.stage == "time")  # timings with spread
     if scale != "large":  # the CPU scales' fine-tuning: the rate decays to 0, no dropout
         finetunes = [r.args for r in sweep.runs if r.stage == "finetune"]

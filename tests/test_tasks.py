@@ -101,3 +101,27 @@ def test_qa_window_holds_the_answers_def_at_a_place_chosen_by_the_id():
     inputs = task.input_text(example)
     assert inputs.startswith("question: Add 37. context: ") and "def f37(x):" in inputs
     assert len(inputs) == len("question: Add 37. context: ") + tasks.QA_WINDOW_CHARS
+
+
+def test_stdlib_calls_reads_the_names_a_body_calls():
+    source = (
+        "    @functools.wraps(f)\n"
+        "    def name(self, x=default(1), *,\n"
+        "             y: dict[str, int] = {}) -> list[str]:\n"
+        "        # skipped(2)\n"
+        "        text = 'quoted(3)'\n"
+        "        if (x): return [z for z in self.a.items(x)]\n"
+        "        return len(x) + items(x) + len(y)"
+    )
+    # the body's calls, each once, in order; not the decorator, the signature, comments or strings
+    assert tasks.called_names(source) == "items len"
+    assert tasks.called_names("def f(a):\n    return g(a, h(\n") == "g h"  # a cut source: the calls before it
+    assert tasks.called_names("def f(a):\n    return a + 1\n") == tasks.NO_CALLS
+    many = "def f():\n" + "".join(f"    f{i}()\n" for i in range(12))
+    assert tasks.called_names(many) == " ".join(f"f{i}" for i in range(8))  # at most 8
+    task = tasks.get_task("stdlib_calls")
+    lengths = (task.input_length, task.target_length)
+    assert (task.source, lengths, task.metric) == ("stdlib_docsum", (256, 32), "f1_em")
+    example = {"id": b"m.py:f:1", "source": source.encode(), "summary": b"Name it."}
+    assert task.input_text(example) == "calls: " + source
+    assert task.target_text(example) == "items len"

@@ -5,7 +5,7 @@ from TFDS through ``tfds.data_source`` (random access on array_record files, Ten
 needed), so the paper's datasets, the local MediaSum builder and the embedded stdlib suite all
 take the same path. ``TASKS`` holds the paper's seven fine-tuning tasks (the paper's lengths and
 metrics, docs/paper.md), two span-corruption pre-training corpora (C4 as in T5, and the embedded
-``stdlib_corpus``) and the embedded suite's three fine-tuning tasks:
+``stdlib_corpus``) and the embedded suite's fine-tuning tasks:
 
 =================  ==========================  ==================  =========  ========
 task               source                      inputs -> targets   lengths    metric
@@ -23,6 +23,7 @@ stdlib_docsum      stdlib_docsum               source->summary     512/64     ro
 stdlib_modsum      stdlib_modsum               source->summary     2048/128   rouge
 stdlib_qa          stdlib_qa                   question+source     2048/16    f1_em
 stdlib_qa_window   stdlib_qa                   question+window     256/8      f1_em
+stdlib_calls       stdlib_docsum               source->called      256/32     f1_em
 =================  ==========================  ==================  =========  ========
 
 ``open_split(task, split, data_dir)`` returns the random-access source, with a clear error for
@@ -34,9 +35,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import io
+import keyword
 import os
 import re
 import socket
+import textwrap
+import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -178,6 +183,39 @@ def _stdlib_qa_window_inputs(example: Example) -> str:
     return f"question: {text(example['question'])} context: {source}"
 
 
+NO_CALLS = "none"  # stdlib_calls' answer for a function that calls nothing
+_BRACKETS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
+
+
+def called_names(source: str, limit: int = 8) -> str:
+    """The names a function's ``source`` calls in its body (``f(``, ``obj.f(``; not in its
+    decorators or signature, strings or comments), each once in order of first call, at most
+    ``limit``, space-separated; :data:`NO_CALLS` when there are none."""
+    names: list[str] = []
+    in_def, body, depth, previous = False, False, 0, None  # body: past the def line's closing ":"
+    try:  # a cut source ends mid-statement: keep the calls before the cut
+        for token in tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline):
+            if token.type in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT):
+                continue
+            if not body:
+                if token.type == tokenize.NAME and token.string == "def":
+                    in_def = True
+                elif in_def:
+                    depth += _BRACKETS.get(token.string, 0)
+                    body = token.string == ":" and depth == 0
+            elif token.string == "(" and previous is not None and previous.type == tokenize.NAME:
+                if not keyword.iskeyword(previous.string) and previous.string not in names:
+                    names.append(previous.string)
+            previous = token
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return " ".join(names[:limit]) or NO_CALLS
+
+
+def _stdlib_calls_target(example: Example) -> str:
+    return called_names(text(example["source"]))
+
+
 _SUMMARIZE = "summarize: "
 
 
@@ -245,6 +283,10 @@ TASKS: dict[str, Task] = {
                input_length=256, target_length=8, metric="f1_em",
                description="embedded: stdlib_qa with the context cut to a 640-character window "
                "holding the answer's def (short inputs)"),
+        _suite("stdlib_calls", "stdlib_docsum", inputs="source", targets=_stdlib_calls_target,
+               prefix="calls: ", input_length=256, target_length=32, metric="f1_em",
+               description="embedded: a function's source -> the names its body calls, in order "
+               "(an answer read from the input, like TriviaQA)"),
     ]
 }  # fmt: skip
 

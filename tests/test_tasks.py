@@ -117,6 +117,7 @@ def test_stdlib_calls_reads_the_names_a_body_calls():
     assert tasks.called_names(source) == "items len"
     assert tasks.called_names("def f(a):\n    return g(a, h(\n") == "g h"  # a cut source: the calls before it
     assert tasks.called_names("def f(a):\n    return a + 1\n") == tasks.NO_CALLS
+    assert tasks.called_names("def f():\n    def g(x):\n        return h(x)\n") == "g h"  # a name, then (
     many = "def f():\n" + "".join(f"    f{i}()\n" for i in range(12))
     assert tasks.called_names(many) == " ".join(f"f{i}" for i in range(8))  # at most 8
     task = tasks.get_task("stdlib_calls")

@@ -190,7 +190,8 @@ _BRACKETS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 def called_names(source: str, limit: int = 8) -> str:
     """The names a function's ``source`` calls in its body (``f(``, ``obj.f(``; not in its
     decorators or signature, strings or comments), each once in order of first call, at most
-    ``limit``, space-separated; :data:`NO_CALLS` when there are none."""
+    ``limit``, space-separated; :data:`NO_CALLS` when there are none. The rule is a name followed
+    by ``(``: a nested ``def`` or ``class`` in the body counts its own name too."""
     names: list[str] = []
     in_def, body, depth, previous = False, False, 0, None  # body: past the def line's closing ":"
     try:  # a cut source ends mid-statement: keep the calls before the cut

@@ -9,16 +9,16 @@ Roles (shapes in ``SCALES``): two MHA models pre-trained from scratch with span 
 ``stdlib_span`` stand in for T5.1.1-Large and -XXL; the XXL role is converted by mean pooling to
 MQA (1 K/V head) and GQA-2 (2 groups of its 8 heads, where the paper's GQA-8-XXL has 8 groups of
 64) and uptrained for alpha = 0.05 of its pre-training steps. The four Table 1 roles are
-fine-tuned on ``stdlib_calls`` (a function's source -> the names it calls, F1: an answer read
-from the input, like TriviaQA's) and ``stdlib_modsum`` (a module's source -> its docstring's first
-paragraph, ROUGE-1) (2 seeds, 3 for MQA as the paper's Appendix A does), the best dev checkpoint
-is scored on the dev split (its task metric and its teacher-forced dev loss, on 256 examples: all
-of modsum's 26), each role is also scored before fine-tuning (``eval_<role>_<task>_start``: the
-sanity claims' step 0), and each role's greedy decoding is timed at the tasks' lengths (every time
-run repeats its timing ``time.runs`` times). ``stdlib_docsum`` and ``stdlib_qa`` are not in the
-default scale: no role read its input there at any setting tried (docsum: a constant sentence
-scores above every fine-tuned model; qa: F1 0.82, one common name prefix for every question;
-docs/experiments.md). The figures:
+fine-tuned (2 seeds, 3 for MQA as the paper's Appendix A does) on ``stdlib_calls`` (a function's
+source -> the names it calls, F1: an answer read from the input, like TriviaQA's) and
+``stdlib_modsum`` (a module's source -> its docstring's first paragraph, ROUGE-1), the best dev
+checkpoint is scored on the dev split (its task metric and its teacher-forced dev loss, on 256
+examples: all of modsum's 26), each role is also scored before fine-tuning
+(``eval_<role>_<task>_start``: the sanity claims' step 0), and each role's greedy decoding is
+timed at the tasks' lengths (every time run repeats its timing ``time.runs`` times).
+``stdlib_docsum`` and ``stdlib_qa`` are not in the default scale: no role read its input there
+at any setting tried (docsum: a constant sentence scores above every fine-tuned model; qa: F1
+0.82, one common name prefix for every question; docs/experiments.md). The figures:
 
 - Fig. 3 from Table 1;
 - Fig. 4: the Large role -> MQA by mean / first / random, uptrained at alpha 0.05, scored on a

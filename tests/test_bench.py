@@ -89,9 +89,10 @@ def test_bench_decode_end_to_end(tmp_path, capsys):
     for k, row in res["floor"]["rows"].items():
         for key in ("step_p50_over_floor", "prefill_over_floor", "e2e_over_floor"):
             assert _finite_positive(row[key]), (k, key, row[key])
-        # two loops' difference: NaN (printed "below noise") where the fused loop was not longer
+        # two loops' difference: NaN where the fused loop was not longer (a loaded machine), which
+        # the table prints "below noise" and the JSON holds as null
         fused = row["step_fused_over_floor"]
-        assert _finite_positive(fused) or math.isnan(fused), (k, fused)
+        assert _finite_positive(fused) or (fused is None and "below noise" in out), (k, fused)
     assert _finite_positive(res["floor"]["bandwidth"]["reference"]["gb_s"])
     assert _finite_positive(res["floor"]["matmul"]["gflop_s"])
     for length, row in res["table_a"].items():

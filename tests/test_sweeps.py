@@ -230,7 +230,7 @@ def test_bad_sweep_files_are_clear_errors(tmp_path):
         )
 
 
-@pytest.mark.parametrize("scale, runs", [("default", 70), ("quick", 32), ("large", 103)])
+@pytest.mark.parametrize("scale, runs", [("default", 70), ("quick", 32), ("large", 129)])
 def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs):
     sweep = load_sweep(REPO / "experiments" / "mini.py", [f"scale={scale}"])
     assert len(sweep.runs) == runs

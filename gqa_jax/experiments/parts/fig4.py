@@ -94,6 +94,7 @@ class Fig4Part(Part[Fig4]):
         fig, (ax,) = plot.new()
         groups, bars = result.groups, result.bars
         width = 0.8 / max(len(bars), 1)
+        upright = len(bars) > 4  # narrow bars: the values stand on end so that they do not overlap
         missing, handles = [], []
         for j, (method, stats) in enumerate(bars.items()):
             xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
@@ -106,8 +107,9 @@ class Fig4Part(Part[Fig4]):
                 ax.bar([x for x, _ in shown], [s.mean for _, s in shown], width * 0.95,
                        yerr=[plot.err(s) for _, s in shown], capsize=3, color=f"C{j}")  # fmt: skip
                 for x, s in shown:
-                    ax.annotate(f"{s.mean:.4g}", (x, s.mean), textcoords="offset points", xytext=(0, 3),
-                                ha="center", fontsize=7)  # fmt: skip
+                    ax.annotate(f"{s.mean:.4g}", (x, s.mean + plot.err(s)), textcoords="offset points",
+                                xytext=(0, 3), ha="center", va="bottom", fontsize=7,
+                                rotation=90 if upright else 0)  # fmt: skip
             handles.append(Patch(color=f"C{j}", label=method if shown else f"{method} (missing)"))
         if not any(plot.present(s) for stats in bars.values() for s in stats):
             plot.no_data(ax)
@@ -116,9 +118,10 @@ class Fig4Part(Part[Fig4]):
         ax.set_title(plot.title(result.title), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.margins(y=0.15)
-        ax.legend(handles=handles, title="conversion", fontsize=9)
+        # beside the axes: with every method (``methods=all``) a legend inside covers the bars
+        ax.legend(handles=handles, title="conversion", fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
         plot.note_missing(fig, missing)
-        fig.savefig(path, dpi=plot.DPI)
+        fig.savefig(path, dpi=plot.DPI, bbox_inches="tight")
         return path
 
 

@@ -545,6 +545,30 @@ def test_fig4_on_the_proxy_shows_the_converted_and_the_uptrained_loss_over_seeds
     check_png(written["fig4"])
 
 
+@pytest.mark.parametrize("n_methods", [3, 9])
+def test_fig4_keeps_its_legend_off_the_bars_and_its_values_apart(n_methods):
+    """Every method (``methods=all``: nine bars a group) once put the legend over the bars and the
+    values on top of one another: the legend now sits beside the axes and no two values overlap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from gqa_jax.experiments.parts import fig4
+
+    methods = ["mean", "first", "random", "grouped", "aligned", "svd", "medoid", "a-b", "c-d"][:n_methods]
+    bars = {m: (stats.Stat(6.085 + 0.117 * j, 0.2, 3, 3), stats.Stat(4.839 + 0.013 * j, 0.02, 3, 3))
+            for j, m in enumerate(methods)}  # fmt: skip
+    result = fig4.Fig4("Fig. 4", "dev loss", ("converted (step 0)", "uptrained"), ("converted", "loss"),
+                       bars, {}, "dev loss")  # fmt: skip
+    fig = fig4.draw(result)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    (ax,) = fig.axes
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+    values = [t for t in ax.texts if t.get_text()[:1].isdigit()]
+    assert len(values) == 2 * n_methods
+    boxes = [t.get_window_extent(renderer) for t in values]
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if a.overlaps(b)]
+
+
 def test_fig4_ranks_the_methods_per_column_against_mean_with_the_seeds_spread():
     S = stats.stat
     bars = {

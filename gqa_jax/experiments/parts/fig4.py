@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from gqa_jax.experiments.parts import md, plot
@@ -91,38 +92,44 @@ class Fig4Part(Part[Fig4]):
                 for column, s in zip(result.columns, bars, strict=True)]  # fmt: skip
 
     def figure(self, result: Fig4, path: Path) -> Path:
-        fig, (ax,) = plot.new()
-        groups, bars = result.groups, result.bars
-        width = 0.8 / max(len(bars), 1)
-        upright = len(bars) > 4  # narrow bars: the values stand on end so that they do not overlap
-        missing, handles = [], []
-        for j, (method, stats) in enumerate(bars.items()):
-            xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
-            shown = [(x, s) for x, s in zip(xs, stats, strict=True) if plot.present(s)]
-            for x, g, s in zip(xs, groups, stats, strict=True):
-                if not plot.present(s):
-                    missing.append(f"{method} / {g}")
-                    plot.mark_missing(ax, x)
-            if shown:
-                ax.bar([x for x, _ in shown], [s.mean for _, s in shown], width * 0.95,
-                       yerr=[plot.err(s) for _, s in shown], capsize=3, color=f"C{j}")  # fmt: skip
-                for x, s in shown:
-                    ax.annotate(f"{s.mean:.4g}", (x, s.mean + plot.err(s)), textcoords="offset points",
-                                xytext=(0, 3), ha="center", va="bottom", fontsize=7,
-                                rotation=90 if upright else 0)  # fmt: skip
-            handles.append(Patch(color=f"C{j}", label=method if shown else f"{method} (missing)"))
-        if not any(plot.present(s) for stats in bars.values() for s in stats):
-            plot.no_data(ax)
-        ax.set_xticks(range(len(groups)), groups)
-        ax.set_ylabel(result.ylabel)
-        ax.set_title(plot.title(result.title), fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-        ax.margins(y=0.15)
-        # beside the axes: with every method (``methods=all``) a legend inside covers the bars
-        ax.legend(handles=handles, title="conversion", fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
-        plot.note_missing(fig, missing)
+        fig = draw(result)
         fig.savefig(path, dpi=plot.DPI, bbox_inches="tight")
         return path
+
+
+def draw(result: Fig4) -> Figure:
+    """The figure: a bar group per column, a bar per method, values over the error bars."""
+    fig, (ax,) = plot.new()
+    groups, bars = result.groups, result.bars
+    width = 0.8 / max(len(bars), 1)
+    upright = len(bars) > 4  # narrow bars: the values stand on end so that they do not overlap
+    missing, handles = [], []
+    for j, (method, stats) in enumerate(bars.items()):
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
+        shown = [(x, s) for x, s in zip(xs, stats, strict=True) if plot.present(s)]
+        for x, g, s in zip(xs, groups, stats, strict=True):
+            if not plot.present(s):
+                missing.append(f"{method} / {g}")
+                plot.mark_missing(ax, x)
+        if shown:
+            ax.bar([x for x, _ in shown], [s.mean for _, s in shown], width * 0.95,
+                   yerr=[plot.err(s) for _, s in shown], capsize=3, color=f"C{j}")  # fmt: skip
+            for x, s in shown:
+                ax.annotate(f"{s.mean:.4g}", (x, s.mean + plot.err(s)), textcoords="offset points",
+                            xytext=(0, 3), ha="center", va="bottom", fontsize=7,
+                            rotation=90 if upright else 0)  # fmt: skip
+        handles.append(Patch(color=f"C{j}", label=method if shown else f"{method} (missing)"))
+    if not any(plot.present(s) for stats in bars.values() for s in stats):
+        plot.no_data(ax)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(result.ylabel)
+    ax.set_title(plot.title(result.title), fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.margins(y=0.15)
+    # beside the axes: with every method (``methods=all``) a legend inside covers the bars
+    ax.legend(handles=handles, title="conversion", fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
+    plot.note_missing(fig, missing)
+    return fig
 
 
 def _ranking(result: Fig4, kind: str) -> list[str]:

@@ -359,7 +359,8 @@ def _paper(s, methods=paper.FIG4_METHODS, caches=("float",)):
     gqa = f"GQA-{s['gqa']}-XXL"
     ours = {"MHA-Large": "MHA-Large", "MHA-XXL": "MHA-XXL", "MQA-XXL": "MQA-XXL", gqa: "GQA-8-XXL"}
     rows = {
-        m: {"time": paper.TABLE1[p]["time"], "average": paper.TABLE1[p]["average"]} for m, p in ours.items()
+        m: {"time": paper.TABLE1[p]["time"], "average": paper.TABLE1[p]["average"], "name": p}
+        for m, p in ours.items()
     }
     labels = {
         "stdlib_calls": "calls F1",

@@ -212,6 +212,24 @@ def test_fig3_puts_ours_and_the_papers_points_on_one_plot_when_the_scales_match(
     keep_png(tmp_path / "fig3.png", "fig3_shared.png")
 
 
+@pytest.mark.parametrize("offset", [15.0, 0.0])  # one plot (ours near the paper's), a panel each
+def test_fig3_names_the_papers_point_by_the_papers_model_where_ours_stands_for_another(tmp_path, offset):
+    """The mini's GQA-2-XXL stands for the paper's GQA-8-XXL: the paper's point says GQA-8-XXL."""
+    ours = {("GQA-2-XXL" if m == "GQA-8-XXL" else m): v for m, v in OURS_TABLE.items()}
+    rows = {m: dict(PAPER_ROWS[m]) for m in PAPER_ROWS}
+    rows["GQA-2-XXL"] = rows.pop("GQA-8-XXL") | {"name": "GQA-8-XXL"}
+    runs, values = table_runs(ours=ours)
+    sweep = Sweep("table1", tuple(runs), {"tasks": TASKS, "rows": rows})
+    values |= {r.name: values[r.name] - offset for r in sweep.runs if r.stage == "evaluate"}
+    data = report.compute(sweep, fake_root(tmp_path, sweep, values))["fig3"]
+    assert ("GQA-2-XXL", "GQA-8-XXL") in [(m, name) for m, name, *_ in data.paper]
+    fig = fig3.draw(data)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    texts += [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert len(fig.axes) == (1 if offset else 2)
+    assert "GQA-8-XXL (paper)" in texts and "GQA-2-XXL (paper)" not in texts
+
+
 def test_a_sweep_file_through_load_sweep_and_the_command(tmp_path, capsys):
     from gqa_jax.cli import options
     from gqa_jax.cli import report as cli_report

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+
 from gqa_jax.experiments.parts import md, plot
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
 from gqa_jax.experiments.parts.records import Record
@@ -23,6 +25,7 @@ class Fig3Point:
     average: Stat  # Table 1's plain mean
     paper_time: float | None  # the paper's T_infer and Average, where it prints both
     paper_average: float | None
+    paper_name: str | None = None  # the paper's model, where it is not ``model`` (the mini's roles)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +45,10 @@ class Fig3:
         return [p.model for p in self.points if p.time.missing or p.average.missing]
 
     @property
-    def paper(self) -> list[tuple[str, float, float]]:
-        """(model, T_infer, Average): the paper's points."""
-        return [(p.model, p.paper_time, p.paper_average) for p in self.points if p.paper_time is not None]
+    def paper(self) -> list[tuple[str, str, float, float]]:
+        """(model, the paper's name for it, T_infer, Average): the paper's points."""
+        return [(p.model, p.paper_name or p.model, p.paper_time, p.paper_average)
+                for p in self.points if p.paper_time is not None]  # fmt: skip
 
 
 class Fig3Part(Part[Fig3]):
@@ -57,7 +61,7 @@ class Fig3Part(Part[Fig3]):
         for r in table.rows:
             both = r.paper.time is not None and r.paper.average is not None
             points.append(Fig3Point(r.model, r.time, r.plain_mean, r.paper.time if both else None,
-                                    r.paper.average if both else None))  # fmt: skip
+                                    r.paper.average if both else None, r.paper.name))  # fmt: skip
         return Fig3(
             title="Fig. 3: average score vs time per sample",
             xlabel="time per sample (s)",
@@ -86,27 +90,30 @@ class Fig3Part(Part[Fig3]):
         return rows
 
     def figure(self, result: Fig3, path: Path) -> Path:
-        ours, paper = result.ours, result.paper
-        if paper and _comparable(
-            [(p.time.mean, p.average.mean) for p in ours], [(t, a) for _, t, a in paper]
-        ):
-            fig, (ax,) = plot.new()
-            _shared(ax, ours, paper)
-            axes = [ax]
-        else:
-            fig, axes = plot.new(2 if paper else 1)
-            _points(axes[0], axes[-1], ours, paper)
-        for ax in axes:
-            ax.set_xlabel(result.xlabel)
-            ax.set_ylabel(result.ylabel)
-            ax.grid(alpha=0.3)
-            ax.margins(0.2)
-        if not ours:
-            plot.no_data(axes[0])
-        fig.suptitle(plot.title(result.title), fontsize=11)
-        plot.note_missing(fig, result.missing)
-        fig.savefig(path, dpi=plot.DPI)
+        draw(result).savefig(path, dpi=plot.DPI)
         return path
+
+
+def draw(result: Fig3) -> Figure:
+    """The figure: one plot when ours and the paper's share a scale, else a panel each."""
+    ours, paper = result.ours, result.paper
+    if paper and _comparable([(p.time.mean, p.average.mean) for p in ours], [(t, a) for _, _, t, a in paper]):
+        fig, (ax,) = plot.new()
+        _shared(ax, ours, paper)
+        axes = [ax]
+    else:
+        fig, axes = plot.new(2 if paper else 1)
+        _points(axes[0], axes[-1], ours, paper)
+    for ax in axes:
+        ax.set_xlabel(result.xlabel)
+        ax.set_ylabel(result.ylabel)
+        ax.grid(alpha=0.3)
+        ax.margins(0.2)
+    if not ours:
+        plot.no_data(axes[0])
+    fig.suptitle(plot.title(result.title), fontsize=11)
+    plot.note_missing(fig, result.missing)
+    return fig
 
 
 def _comparable(ours: Sequence[tuple[float, float]], paper: Sequence[tuple[float, float]]) -> bool:
@@ -134,9 +141,11 @@ def _points(ax_ours: Any, ax_paper: Any, ours: Sequence[Fig3Point], paper: Seque
         ax_ours.errorbar(t.mean, a.mean, xerr=plot.err(t), yerr=plot.err(a), fmt="o", color=plot.OURS, ms=7,
                          capsize=3, label="ours" if i == 0 else None)  # fmt: skip
         _label(ax_ours, p.model, t.mean, a.mean, xs, 5, fontsize=9, color=plot.OURS)
-    for i, (m, t, a) in enumerate(paper):
+    for i, (_, name, t, a) in enumerate(paper):
         ax_paper.plot(t, a, "s", mfc="none", mec=plot.PAPER, mew=1.5, ms=8, label="paper" if i == 0 else None)
-        _label(ax_paper, f"{m} (paper)", t, a, [t for _, t, _ in paper], -12, fontsize=8, color=plot.PAPER)
+        _label(
+            ax_paper, f"{name} (paper)", t, a, [t for *_, t, _ in paper], -12, fontsize=8, color=plot.PAPER
+        )
     for ax in {id(ax_ours): ax_ours, id(ax_paper): ax_paper}.values():
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="lower right", fontsize=9)
@@ -150,15 +159,15 @@ def _shared(ax: Any, ours: Sequence[Fig3Point], paper: Sequence[Any]) -> None:
     line from each of ours to the paper's point of the same model; the legend names them."""
     models = list(dict.fromkeys([p.model for p in ours] + [m for m, *_ in paper]))
     color = {m: f"C{i}" for i, m in enumerate(models)}
-    theirs = {m: (t, a) for m, t, a in paper}
+    theirs = {m: (t, a) for m, _, t, a in paper}
     for p in ours:
         m, t, a = p.model, p.time, p.average
         ax.errorbar(t.mean, a.mean, xerr=plot.err(t), yerr=plot.err(a), fmt="o", color=color[m], ms=7,
                     capsize=3, label=f"{m} (ours)")  # fmt: skip
         if m in theirs:
             ax.plot([t.mean, theirs[m][0]], [a.mean, theirs[m][1]], ":", color=color[m], lw=1)
-    for m, t, a in paper:
-        ax.plot(t, a, "s", mfc="none", mec=color[m], mew=1.5, ms=9, label=f"{m} (paper)")
+    for m, name, t, a in paper:
+        ax.plot(t, a, "s", mfc="none", mec=color[m], mew=1.5, ms=9, label=f"{name} (paper)")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8,
               title="filled: ours\nhollow: the paper's", title_fontsize=8)  # fmt: skip
 

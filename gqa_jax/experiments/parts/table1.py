@@ -40,6 +40,7 @@ class PaperRow:
     average: float | None = None  # its own "Average" column (over its seven tasks)
     scores: Mapping[str, float] = dataclasses.field(default_factory=dict)  # task -> score
     plain_mean: float | None = None  # the mean of ``scores`` over the table's tasks
+    name: str | None = None  # the paper's name for the row, where ours stands for another of its models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,7 @@ class Table1Part(Part[Table1]):
                     average=paper.get("average"),
                     scores=paper_scores,
                     plain_mean=None if None in paper_mean or not tasks else statistics.fmean(paper_mean),
+                    name=paper.get("name"),
                 ),
                 prefill=mean_of(prefill_cells) if prefill_cells else Stat(None),
                 floor=mean_of(floor_cells) if floor_cells else Stat(None),

@@ -187,6 +187,30 @@ def test_damaged_checkpoint_files_are_one_line(capsys, small_vocab, tmp_path):
         assert not workdir.exists()
 
 
+@pytest.mark.parametrize("command", ["train finetune", "train uptrain", "evaluate", "bench cache"])
+def test_a_missing_model_is_named_before_any_vocabulary_is_built(tmp_path, capsys, command):
+    """Without a vocabulary a stdlib task builds the suite's corpus and trains its vocabulary
+    (minutes) into the data dir: a wrong starting checkpoint or --model is the error first, and
+    the data dir and the workdir are left as they were."""
+    data, missing, workdir = tmp_path / "data", tmp_path / "no_such_model", tmp_path / "run"
+    data.mkdir()
+    configs, task = REPO / "configs", ["--task", "stdlib_calls", "--data-dir", str(data)]
+    argv = {
+        "train finetune": ["train", "--config", f"{configs}/finetune.py:task=stdlib_calls,init={missing}"],
+        "train uptrain": ["train", "--config", f"{configs}/uptrain.py:source={missing},kv=1"],
+        "evaluate": ["evaluate", "--model", str(missing), *task],
+        "bench cache": ["bench", "cache", "--model", str(missing), *task],
+    }[command]
+    if command.startswith("train"):
+        corpus = "stdlib_span" if command == "train uptrain" else "stdlib_calls"
+        argv += ["--workdir", str(workdir), f"--config.data_dir={data}", f"--config.task={corpus}"]
+    elif command == "evaluate":
+        argv += ["--workdir", str(workdir)]
+    code = cli.main(argv)
+    one_line_error(code, capsys.readouterr().err.strip().splitlines(), f"source {missing} does not exist")
+    assert not list(data.iterdir()) and not workdir.exists()
+
+
 def test_data_prepare_without_network_fails_fast(capsys, tmp_path, monkeypatch):
     def unreachable(address, timeout=None):
         raise OSError(errno.ENETUNREACH, "Network is unreachable")

@@ -38,23 +38,15 @@ def kind_of(path: str | os.PathLike) -> str | None:
     return t5x.layout_of(path)
 
 
-def load_any(
-    path: str | os.PathLike, *, mesh: Mesh | None = None, param_dtype: str | None = None
-) -> tuple[T5, ModelConfig, str]:
-    """Load ``path`` as ``(model, config, kind)``, ``kind`` one of ``KINDS``; with ``mesh`` the
-    parameters are created sharded (each device reading its block where the format allows), with
-    ``param_dtype`` cast to it as they are read (e.g. ``"bfloat16"`` for decoding)."""
+def check_source(path: str | os.PathLike) -> str:
+    """The kind of the checkpoint at ``path``, from its files alone (nothing loaded): what a
+    command checks before slower work (a vocabulary, a dataset); FileNotFoundError or ValueError
+    naming what is wrong."""
     path = paths.resolve(path, "source")
     if not path.exists():
         raise FileNotFoundError(f"source {path} does not exist")
     kind = kind_of(path)
-    if kind == "gqa_jax":
-        model, config = orbax.load(path, mesh=mesh, param_dtype=param_dtype)
-    elif kind in ("huggingface", "huggingface_flax"):
-        model, config = hf.load_hf_t5(path, mesh=mesh, param_dtype=param_dtype)
-    elif kind in (t5x.LEGACY, t5x.ORBAX):
-        model, config = t5x.load_t5x(path, mesh=mesh, param_dtype=param_dtype)
-    else:
+    if kind is None:
         config = path / "config.json"
         if config.is_file() and not _is_hf_config(config) and hf.weights_flavour(path) is not None:
             raise ValueError(
@@ -62,6 +54,23 @@ def load_any(
                 f"(unreadable, truncated or of another model): download {config} again"
             )
         raise ValueError(f"source {path} is not a checkpoint: expected " + "; or ".join(_DESCRIPTIONS))
+    return kind
+
+
+def load_any(
+    path: str | os.PathLike, *, mesh: Mesh | None = None, param_dtype: str | None = None
+) -> tuple[T5, ModelConfig, str]:
+    """Load ``path`` as ``(model, config, kind)``, ``kind`` one of ``KINDS``; with ``mesh`` the
+    parameters are created sharded (each device reading its block where the format allows), with
+    ``param_dtype`` cast to it as they are read (e.g. ``"bfloat16"`` for decoding)."""
+    kind = check_source(path)
+    path = paths.resolve(path, "source")
+    if kind == "gqa_jax":
+        model, config = orbax.load(path, mesh=mesh, param_dtype=param_dtype)
+    elif kind in ("huggingface", "huggingface_flax"):
+        model, config = hf.load_hf_t5(path, mesh=mesh, param_dtype=param_dtype)
+    else:
+        model, config = t5x.load_t5x(path, mesh=mesh, param_dtype=param_dtype)
     return model, config, kind
 
 

@@ -40,6 +40,7 @@ def evaluate_checkpoint(
     out = workdir / RESULTS
     task = _check(workdir, out, overwrite, task_name, examples)
     cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
+    checkpoints.check_source(model_path)  # a wrong path is named before a vocabulary is built
     data_dir = data_dir or tasks_lib.default_data_dir()
     voc = training.load_vocab(vocab, task, data_dir)
     model, _, kind = checkpoints.load_any(model_path)  # ours, HuggingFace or T5X

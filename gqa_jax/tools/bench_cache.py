@@ -62,6 +62,7 @@ def run_cache_bench(
     task = tasks_lib.get_task(task_name)
     if task.metric is None:
         raise ValueError(f"task {task_name} is span corruption: nothing is decoded; choose a scored task")
+    checkpoints.check_source(model_path)  # a wrong path is named before a vocabulary is built
     data_dir = data_dir or tasks_lib.default_data_dir()
     voc = training.load_vocab(vocab, task, data_dir)
     model, _, kind = checkpoints.load_any(model_path)

@@ -150,6 +150,9 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     check_config(config)
     workdir = paths.resolve(workdir, "workdir")
     task = tasks_lib.get_task(config.task)
+    starts_from = {"uptrain": config.uptrain.source, "finetune": config.init_from}.get(config.recipe)
+    if starts_from:  # a wrong path is named before the suite's vocabulary is built (minutes)
+        checkpoints.check_source(starts_from)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
     lock = WorkdirLock(workdir)  # creates the workdir and takes its lock before anything is written

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gqa_jax import shipped
+from gqa_jax import paths, shipped
 from gqa_jax.data import stdlib_suite
 from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.experiments import report, runner, sweep
@@ -46,13 +46,16 @@ def run(
     if scale not in module.SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(module.SCALES)}")
     data_dir = str(data_dir or tasks_lib.default_data_dir())
+    root = Path(root).expanduser().absolute()
+    for flag, path in (("--root", root), ("--data-dir", data_dir)):  # before minutes of data building
+        if not paths.is_remote(path) and Path(path).expanduser().is_file():
+            raise ValueError(f"{flag} {path} is a file, not a directory")
     names, vocab_size = module.suite_needs({**module.PARAMS, "scale": scale})
     log(f"data: {data_dir}")
     stdlib_suite.build_suite(data_dir, names=names, log=log)
     vocab = stdlib_suite.suite_vocab(data_dir, vocab_size, log=log)
     sets = [f"scale={scale}", f"data_dir={data_dir}", f"vocab={vocab.path}"]
     mini = sweep.load_sweep(mini_file, sets)
-    root = Path(root).expanduser().absolute()
     log(f"sweep {mini_file.name} ({len(mini.runs)} runs, scale {scale}) under {root}")
     rc = runner.run_sweep(mini, root, jobs=jobs, log=log)
     written = report.write_report(mini, root)

@@ -275,6 +275,28 @@ def test_an_empty_root_is_a_clear_error(tmp_path):
     assert not (tmp_path / "root" / "report").exists()
 
 
+def test_a_file_where_the_report_or_the_demos_directories_go_is_named_first(tmp_path, monkeypatch):
+    """A file as --out (report), --root or --data-dir (demo) is one clear error before any work:
+    the demo builds no data and runs nothing, the file is left as it was."""
+    from gqa_jax import reproduce
+
+    sweep, values = table_sweep()
+    root = fake_root(tmp_path / "root", sweep, values)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(ValueError, match=f"the report's directory {afile} is a file"):
+        report.write_report(sweep, root, afile)
+    built = []
+    monkeypatch.setattr(reproduce.stdlib_suite, "build_suite", lambda *a, **k: built.append(a))
+    for kwargs, flag in (
+        ({"root": afile}, "--root"),
+        ({"root": tmp_path / "r", "data_dir": str(afile)}, "--data-dir"),
+    ):
+        with pytest.raises(ValueError, match=f"{flag} {afile} is a file, not a directory"):
+            reproduce.run(scale="quick", log=lambda m: None, **kwargs)
+    assert not built and afile.read_text() == "mine" and not (tmp_path / "r").exists()
+
+
 # ---------------------------------------------------------------------------------- figures 4-6
 def fig4_sweep():
     runs, values = [], {}

@@ -98,8 +98,10 @@ def write_report(
 ) -> dict[str, Path]:
     """Write report.md, report.csv and the figures' PNGs into ``out`` (default ROOT/report);
     returns what was written (name -> path)."""
-    numbers = compute(sweep, root, parts=parts)
     out = Path(out) if out is not None else Path(root) / "report"
+    if out.is_file():
+        raise ValueError(f"the report's directory {out} is a file: give a directory (--out)")
+    numbers = compute(sweep, root, parts=parts)
     written = draw(numbers, out)
     write_csv(csv_rows(numbers), out / "report.csv")
     (out / "report.md").write_text(markdown(numbers, {k: p.name for k, p in written.items()}))

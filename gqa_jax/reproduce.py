@@ -35,6 +35,7 @@ def run(
     data_dir: str | None = None,
     scale: str = "default",
     jobs: int = 2,
+    redo_changed: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run (or finish) the mini reproduction under ``root`` and write its report; returns
@@ -57,6 +58,6 @@ def run(
     sets = [f"scale={scale}", f"data_dir={data_dir}", f"vocab={vocab.path}"]
     mini = sweep.load_sweep(mini_file, sets)
     log(f"sweep {mini_file.name} ({len(mini.runs)} runs, scale {scale}) under {root}")
-    rc = runner.run_sweep(mini, root, jobs=jobs, log=log)
+    rc = runner.run_sweep(mini, root, jobs=jobs, redo_changed=redo_changed, log=log)
     written = report.write_report(mini, root)
     return {"returncode": rc, "report": written, "seconds": time.time() - t0, "root": str(root)}

@@ -12,6 +12,7 @@ import pytest
 
 from gqa_jax.experiments import runner
 from gqa_jax.experiments import runs as R
+from gqa_jax.experiments.sweep import Sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,3 +103,74 @@ def test_local_runs_share_a_compilation_cache_in_the_root_unless_one_is_set(tmp_
     assert "JAX_COMPILATION_CACHE_DIR" not in runner.child_env(tmp_path, "tpu")  # local runs only
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "mine"))
     assert runner.child_env(tmp_path, "local")["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def _changing_sweep(kv: int = 2) -> Sweep:
+    """c (convert) -> t (time, its model c's) and a time run u on its own."""
+    return Sweep("changing", (
+        R.convert("c", "/src/model", kv),
+        R.time("t", "tiny", None, 16, 4, batch=2, model="{run:c}/model", deps=("c",)),
+        R.time("u", "tiny", 1, 16, 4, batch=2),
+    ), {})  # fmt: skip
+
+
+def _mark_done(
+    root: Path, sweep: Sweep, record_root: Path | None = None, python: str = sys.executable
+) -> None:
+    """Each run's run.json as the runner writes it for a done run (made under ``record_root``,
+    with the interpreter ``python``)."""
+    for r in sweep.runs:
+        argv = [python, *runner.full_command(r, record_root or root)[1:]]
+        (root / r.name).mkdir(parents=True)
+        (root / r.name / runner.RUN_FILE).write_text(json.dumps({"status": "done", "command": argv}))
+
+
+def test_a_done_run_whose_command_changed_is_refused_and_redone_only_when_asked(tmp_path, monkeypatch):
+    """A changed --set (here c's K/V heads) would let a rerun skip c and t, which depends on it,
+    and the report mix settings: the rerun refuses, naming both; --dry-run marks them; with
+    redo_changed they are moved aside (not deleted) and run again, u is skipped."""
+    root, lines, started = tmp_path / "root", [], []
+    _mark_done(root, _changing_sweep(kv=2))
+    (root / "c" / "kept.txt").write_text("the old run's file")
+    with pytest.raises(ValueError, match=r"2 done run\(s\) under .* another command") as refused:
+        runner.run_sweep(_changing_sweep(kv=1), root, log=lines.append)
+    assert "c: now 1, was 2" in str(refused.value) and "t: it depends on c, which changed" in str(
+        refused.value
+    )
+    assert "--redo-changed" in str(refused.value) and not lines and (root / "c" / "kept.txt").is_file()
+    printed = []
+    runner.run_sweep(_changing_sweep(kv=1), root, dry_run=True, out=printed.append)
+    assert [line.split("  # ")[-1] for line in printed] == [
+        "done, changed (now 1, was 2)",
+        "done, changed (it depends on c, which changed)",
+        "done",
+    ]
+
+    def popen(argv, log_file, env):
+        started.append(argv[argv.index("gqa_jax") + 1 :])
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    monkeypatch.setattr(runner, "_popen", popen)
+    assert runner.run_sweep(_changing_sweep(kv=1), root, redo_changed=True, log=lines.append) == 0
+    assert [a[0] for a in started] == ["convert", "time"] and "1" in started[0]  # c and t, not u
+    aside = sorted(p.name for p in root.iterdir() if ".changed-" in p.name)
+    assert [n.split(".changed-")[0] for n in aside] == ["c", "t"]
+    assert (root / aside[0] / "kept.txt").read_text() == "the old run's file"
+    assert any("c: done with another command (now 1, was 2); moved to" in line for line in lines)
+    assert "u (time): done before, skipped" in "\n".join(lines)
+    assert not runner.changed_runs(runner.order(_changing_sweep(kv=1)), root)  # done now, as asked
+
+
+def test_another_checkout_interpreter_or_place_of_the_root_is_no_change(tmp_path):
+    sweep = _changing_sweep()
+    sweep = Sweep(
+        "changing", (*sweep.runs, R.finetune("f", "{run:c}/model", "stdlib_calls", {}, deps=("c",))), {}
+    )
+    old_root, root = tmp_path / "before_the_move", tmp_path / "root"
+    _mark_done(root, sweep, record_root=old_root, python="/other/venv/bin/python")
+    for name in ("c", "t", "f"):  # made from another checkout: its configs/ elsewhere
+        record = json.loads((root / name / runner.RUN_FILE).read_text())
+        record["command"] = [a.replace(str(REPO), "/elsewhere/gqa_jax") for a in record["command"]]
+        (root / name / runner.RUN_FILE).write_text(json.dumps(record))
+    assert "/elsewhere/gqa_jax/configs/finetune.py" in (root / "f" / runner.RUN_FILE).read_text()
+    assert runner.changed_runs(runner.order(sweep), root) == {}

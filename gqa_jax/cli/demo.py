@@ -36,13 +36,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs", type=options.positive_int, default=2, help="runs at once (time runs run alone; default: 2)"
     )
+    options.add_redo_changed(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from gqa_jax import reproduce
     from gqa_jax.log import log
 
-    result = reproduce.run(args.root, data_dir=args.data_dir, scale=args.scale, jobs=args.jobs, log=log)
+    result = reproduce.run(
+        args.root,
+        data_dir=args.data_dir,
+        scale=args.scale,
+        jobs=args.jobs,
+        redo_changed=args.redo_changed,
+        log=log,
+    )
     print(result["report"]["report.md"].read_text(), flush=True)
     minutes, where = result["seconds"] / 60, result["report"]["report.md"].parent
     log(f"mini reproduction: {minutes:.1f} min; report in {where}")

@@ -118,3 +118,14 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
     )
     sets = "a sweep parameter (its PARAMS) or a field of every run that has it; repeatable"
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help=sets)
+
+
+def add_redo_changed(p: argparse.ArgumentParser) -> None:
+    """``--redo-changed``, as `sweep` and `demo` take it (``runner.changed_runs``)."""
+    p.add_argument(
+        "--redo-changed",
+        action="store_true",
+        help="run again the done runs whose command the sweep now gives otherwise (a changed --set, "
+        "sweep file or data path) and the runs after them, their directories moved aside to "
+        "<name>.changed-<time> (without it such runs are an error: a report would mix settings)",
+    )

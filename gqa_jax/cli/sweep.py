@@ -24,6 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher", default="local", choices=("local", "tpu"), help=launcher)
     p.add_argument("--tpu", default=None, help="with --launcher tpu: the TPU VM name")
     p.add_argument("--zone", default=None, help="with --launcher tpu: its zone")
+    options.add_redo_changed(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,4 +36,4 @@ def run(args: argparse.Namespace) -> int:
     tpu = ("--tpu", args.tpu, "--zone", args.zone) if args.launcher == "tpu" else ()
     s = sweep.load_sweep(args.sweep_file, args.sets)
     return runner.run_sweep(s, args.root, only=args.only, dry_run=args.dry_run, launcher=args.launcher,
-                            tpu=tpu, jobs=args.jobs, log=log)  # fmt: skip
+                            tpu=tpu, jobs=args.jobs, redo_changed=args.redo_changed, log=log)  # fmt: skip

@@ -5,6 +5,9 @@ Locally each run is a ``python -m gqa_jax ...`` subprocess writing ``ROOT/<name>
 0 the runner writes ``ROOT/<name>/run.json`` with status ``done``. A rerun skips done runs and
 starts the others again: an interrupted training run resumes from its checkpoints (its own
 command does that), an interrupted convert / evaluate / time run is redone in its own directory.
+A done run whose command the sweep now gives otherwise (``changed_runs``: a changed ``--set``,
+sweep file or data path; not another checkout, interpreter or place of the root), and every
+done run after it, is an error unless ``redo_changed``: then they are moved aside and run again.
 A failed run stops its branch: every run that depends on it (directly or not) is not started, and
 the runner prints the failing command and its log; the other branches go on. Killing the runner
 kills the runs it is waiting for (a child gets SIGKILL when its parent dies, on Linux).
@@ -21,6 +24,7 @@ import ctypes
 import datetime
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -58,6 +62,73 @@ def status(root: Path, name: str) -> str | None:
         return None
 
 
+_CONFIG_DIR = re.compile(r"^[^:]*/configs/(?=[^/:]+\.py(?::|$))")  # a checkout's configs/, wherever it is
+
+
+def _portable(argv: Sequence[str], root: str | None) -> list[str]:
+    """A run's argv after ``python -m gqa_jax`` with the checkout's configs/ folder written
+    ``configs/`` and the sweep's ``root`` written ``ROOT``: the same run from another checkout,
+    interpreter or place of the root is the same command."""
+    argv = [str(a) for a in argv]
+    for i in range(len(argv) - 1):
+        if argv[i : i + 2] == ["-m", "gqa_jax"]:
+            argv = argv[i + 2 :]
+            break
+    argv = [_CONFIG_DIR.sub("configs/", a) for a in argv]
+    return [a.replace(f"{root}/", "ROOT/") for a in argv] if root else argv
+
+
+def _recorded_root(record: Mapping[str, Any], name: str) -> str | None:
+    """The root a run was made under: its run.json's ``root``, or (older records) the folder of
+    the run's own directory in its command (``--workdir ROOT/<name>``, ``--dst ROOT/<name>/model``)."""
+    if isinstance(record.get("root"), str):
+        return record["root"]
+    for a in map(str, record.get("command", [])):
+        for tail in (f"/{name}", f"/{name}/model"):
+            if a.endswith(tail) and len(a) > len(tail):
+                return a[: -len(tail)]
+    return None
+
+
+def _difference(old: Sequence[str], new: Sequence[str]) -> str:
+    """What changed between two argvs, in words (the arguments only one of them has)."""
+    gone, added = [a for a in old if a not in new], [a for a in new if a not in old]
+    short = lambda a: a if len(a) <= 80 else a[:77] + "..."  # noqa: E731
+    show = lambda args: " ".join(map(short, args[:3])) + (" ..." if len(args) > 3 else "")  # noqa: E731
+    words = ([f"now {show(added)}"] if added else []) + ([f"was {show(gone)}"] if gone else [])
+    return ", ".join(words) or "its arguments in another order"
+
+
+def changed_runs(runs: Sequence[Run], root: Path) -> dict[str, str]:
+    """The done runs whose recorded command is not the one the sweep gives now (a changed
+    ``--set``, sweep file or data path), each with what changed, and the done runs that depend on
+    one of them (their inputs changed): skipping them would mix settings in one report."""
+    changed: dict[str, str] = {}
+    for r in runs:
+        if status(root, r.name) != "done":
+            continue
+        try:
+            record = json.loads((root / r.name / RUN_FILE).read_text())
+        except (OSError, ValueError):
+            record = {}
+        recorded, now = record.get("command"), _portable(command(r, root), str(root))
+        if isinstance(recorded, list) and _portable(recorded, _recorded_root(record, r.name)) != now:
+            changed[r.name] = _difference(_portable(recorded, _recorded_root(record, r.name)), now)
+        elif upstream := [d for d in r.deps if d in changed]:
+            changed[r.name] = f"it depends on {upstream[0]}, which changed"
+    return changed
+
+
+def _refuse_changed(changed: Mapping[str, str], root: Path) -> None:
+    listed = "; ".join(f"{n}: {why}" for n, why in list(changed.items())[:3])
+    more = f"; and {len(changed) - 3} more (--dry-run lists them)" if len(changed) > 3 else ""
+    raise ValueError(
+        f"{len(changed)} done run(s) under {root} were made by another command than the sweep gives now "
+        f"({listed}{more}): rerun with --redo-changed to run them again (their directories are moved "
+        "aside to <name>.changed-<time>, nothing is deleted), or give another --root"
+    )
+
+
 def full_command(run: Run, root: Path, launcher: str = "local", tpu: Sequence[str] = ()) -> list[str]:
     """The complete argv of ``run``: ``python -m gqa_jax ...`` locally; on a TPU pod the same
     command behind ``scripts/launch_tpu.sh [TPU OPTIONS] --``."""
@@ -70,8 +141,8 @@ def full_command(run: Run, root: Path, launcher: str = "local", tpu: Sequence[st
 def _write_status(root: Path, run: Run, argv: list[str], state: str, **fields: Any) -> None:
     directory = root / run.name
     directory.mkdir(parents=True, exist_ok=True)
-    record = {"name": run.name, "stage": run.stage, "command": argv, "tags": dict(run.tags),
-              "status": state, **fields}  # fmt: skip
+    record = {"name": run.name, "stage": run.stage, "command": argv, "root": str(root),
+              "tags": dict(run.tags), "status": state, **fields}  # fmt: skip
     tmp = directory / (RUN_FILE + ".tmp")
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
     tmp.replace(directory / RUN_FILE)
@@ -172,6 +243,7 @@ def run_sweep(
     launcher: str = "local",
     tpu: Sequence[str] = (),
     jobs: int = 1,
+    redo_changed: bool = False,
     log: Callable[[str], None] = print,
     out: Callable[[str], None] = print,
 ) -> int:
@@ -192,11 +264,20 @@ def run_sweep(
     if root.exists() and not root.is_dir():
         raise ValueError(f"--root {root} is a file, not a directory")
     runs = order(sweep, only)
+    changed = changed_runs(runs, root)
     if dry_run:
         for r in runs:
             mark = "  # done" if status(root, r.name) == "done" else ""
+            mark += f", changed ({changed[r.name]})" if r.name in changed else ""
             out(shlex.join(full_command(r, root, launcher, tpu)) + mark)
         return 0
+    if changed and not redo_changed:
+        _refuse_changed(changed, root)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for name, why in changed.items():  # --redo-changed: set aside, never delete
+        aside = root / f"{name}.changed-{stamp}"
+        (root / name).rename(aside)
+        log(f"{name}: done with another command ({why}); moved to {aside} to run again")
     env = child_env(root, launcher)
     failed: dict[str, str] = {}  # run -> the failed run that stops it
     done = {r.name for r in runs if status(root, r.name) == "done"}

@@ -106,11 +106,12 @@ def test_local_runs_share_a_compilation_cache_in_the_root_unless_one_is_set(tmp_
 
 
 def _changing_sweep(kv: int = 2) -> Sweep:
-    """c (convert) -> t (time, its model c's) and a time run u on its own."""
+    """c (convert) -> t and v (time, their model c's) and a time run u on its own."""
     return Sweep("changing", (
         R.convert("c", "/src/model", kv),
         R.time("t", "tiny", None, 16, 4, batch=2, model="{run:c}/model", deps=("c",)),
         R.time("u", "tiny", 1, 16, 4, batch=2),
+        R.time("v", "tiny", None, 16, 8, batch=2, model="{run:c}/model", deps=("c",)),
     ), {})  # fmt: skip
 
 
@@ -122,17 +123,19 @@ def _mark_done(
     for r in sweep.runs:
         argv = [python, *runner.full_command(r, record_root or root)[1:]]
         (root / r.name).mkdir(parents=True)
-        (root / r.name / runner.RUN_FILE).write_text(json.dumps({"status": "done", "command": argv}))
+        state = "running" if r.name == "v" else "done"  # v: killed midway
+        (root / r.name / runner.RUN_FILE).write_text(json.dumps({"status": state, "command": argv}))
 
 
 def test_a_done_run_whose_command_changed_is_refused_and_redone_only_when_asked(tmp_path, monkeypatch):
-    """A changed --set (here c's K/V heads) would let a rerun skip c and t, which depends on it,
-    and the report mix settings: the rerun refuses, naming both; --dry-run marks them; with
-    redo_changed they are moved aside (not deleted) and run again, u is skipped."""
+    """A changed --set (here c's K/V heads) would let a rerun skip c and t, which depends on it
+    (and resume v, begun on c's old model), and the report mix settings: the rerun refuses, naming
+    them; --dry-run marks them; with redo_changed they are moved aside (not deleted) and run
+    again, u is skipped."""
     root, lines, started = tmp_path / "root", [], []
     _mark_done(root, _changing_sweep(kv=2))
     (root / "c" / "kept.txt").write_text("the old run's file")
-    with pytest.raises(ValueError, match=r"2 done run\(s\) under .* another command") as refused:
+    with pytest.raises(ValueError, match=r"3 run\(s\) under .* another command") as refused:
         runner.run_sweep(_changing_sweep(kv=1), root, log=lines.append)
     assert "c: now 1, was 2" in str(refused.value) and "t: it depends on c, which changed" in str(
         refused.value
@@ -140,10 +143,11 @@ def test_a_done_run_whose_command_changed_is_refused_and_redone_only_when_asked(
     assert "--redo-changed" in str(refused.value) and not lines and (root / "c" / "kept.txt").is_file()
     printed = []
     runner.run_sweep(_changing_sweep(kv=1), root, dry_run=True, out=printed.append)
-    assert [line.split("  # ")[-1] for line in printed] == [
+    assert [line.split("  # ")[-1] if "  # " in line else "" for line in printed] == [
         "done, changed (now 1, was 2)",
         "done, changed (it depends on c, which changed)",
         "done",
+        "changed (it depends on c, which changed)",
     ]
 
     def popen(argv, log_file, env):
@@ -152,11 +156,11 @@ def test_a_done_run_whose_command_changed_is_refused_and_redone_only_when_asked(
 
     monkeypatch.setattr(runner, "_popen", popen)
     assert runner.run_sweep(_changing_sweep(kv=1), root, redo_changed=True, log=lines.append) == 0
-    assert [a[0] for a in started] == ["convert", "time"] and "1" in started[0]  # c and t, not u
+    assert [a[0] for a in started] == ["convert", "time", "time"] and "1" in started[0]  # c, t, v; not u
     aside = sorted(p.name for p in root.iterdir() if ".changed-" in p.name)
-    assert [n.split(".changed-")[0] for n in aside] == ["c", "t"]
+    assert [n.split(".changed-")[0] for n in aside] == ["c", "t", "v"]
     assert (root / aside[0] / "kept.txt").read_text() == "the old run's file"
-    assert any("c: done with another command (now 1, was 2); moved to" in line for line in lines)
+    assert any("c: made with another command (now 1, was 2); moved to" in line for line in lines)
     assert "u (time): done before, skipped" in "\n".join(lines)
     assert not runner.changed_runs(runner.order(_changing_sweep(kv=1)), root)  # done now, as asked
 

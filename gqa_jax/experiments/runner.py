@@ -7,7 +7,7 @@ starts the others again: an interrupted training run resumes from its checkpoint
 command does that), an interrupted convert / evaluate / time run is redone in its own directory.
 A done run whose command the sweep now gives otherwise (``changed_runs``: a changed ``--set``,
 sweep file or data path; not another checkout, interpreter or place of the root), and every
-done run after it, is an error unless ``redo_changed``: then they are moved aside and run again.
+run begun after it, is an error unless ``redo_changed``: then they are moved aside and run again.
 A failed run stops its branch: every run that depends on it (directly or not) is not started, and
 the runner prints the failing command and its log; the other branches go on. Killing the runner
 kills the runs it is waiting for (a child gets SIGKILL when its parent dies, on Linux).
@@ -101,20 +101,25 @@ def _difference(old: Sequence[str], new: Sequence[str]) -> str:
 
 def changed_runs(runs: Sequence[Run], root: Path) -> dict[str, str]:
     """The done runs whose recorded command is not the one the sweep gives now (a changed
-    ``--set``, sweep file or data path), each with what changed, and the done runs that depend on
-    one of them (their inputs changed): skipping them would mix settings in one report."""
+    ``--set``, sweep file or data path), each with what changed, and the runs begun (done or not)
+    that depend on one of them: their inputs changed, and skipping or resuming them would mix
+    settings in one report."""
     changed: dict[str, str] = {}
     for r in runs:
-        if status(root, r.name) != "done":
+        state = status(root, r.name)
+        if state is None:  # not begun
             continue
         try:
             record = json.loads((root / r.name / RUN_FILE).read_text())
         except (OSError, ValueError):
             record = {}
         recorded, now = record.get("command"), _portable(command(r, root), str(root))
-        if isinstance(recorded, list) and _portable(recorded, _recorded_root(record, r.name)) != now:
-            changed[r.name] = _difference(_portable(recorded, _recorded_root(record, r.name)), now)
-        elif upstream := [d for d in r.deps if d in changed]:
+        if state == "done" and isinstance(recorded, list):
+            before = _portable(recorded, _recorded_root(record, r.name))
+            if before != now:
+                changed[r.name] = _difference(before, now)
+                continue
+        if upstream := [d for d in r.deps if d in changed]:
             changed[r.name] = f"it depends on {upstream[0]}, which changed"
     return changed
 
@@ -123,7 +128,7 @@ def _refuse_changed(changed: Mapping[str, str], root: Path) -> None:
     listed = "; ".join(f"{n}: {why}" for n, why in list(changed.items())[:3])
     more = f"; and {len(changed) - 3} more (--dry-run lists them)" if len(changed) > 3 else ""
     raise ValueError(
-        f"{len(changed)} done run(s) under {root} were made by another command than the sweep gives now "
+        f"{len(changed)} run(s) under {root} were made by another command than the sweep gives now "
         f"({listed}{more}): rerun with --redo-changed to run them again (their directories are moved "
         "aside to <name>.changed-<time>, nothing is deleted), or give another --root"
     )
@@ -267,8 +272,9 @@ def run_sweep(
     changed = changed_runs(runs, root)
     if dry_run:
         for r in runs:
-            mark = "  # done" if status(root, r.name) == "done" else ""
-            mark += f", changed ({changed[r.name]})" if r.name in changed else ""
+            notes = ["done"] if status(root, r.name) == "done" else []
+            notes += [f"changed ({changed[r.name]})"] if r.name in changed else []
+            mark = "  # " + ", ".join(notes) if notes else ""
             out(shlex.join(full_command(r, root, launcher, tpu)) + mark)
         return 0
     if changed and not redo_changed:
@@ -277,7 +283,7 @@ def run_sweep(
     for name, why in changed.items():  # --redo-changed: set aside, never delete
         aside = root / f"{name}.changed-{stamp}"
         (root / name).rename(aside)
-        log(f"{name}: done with another command ({why}); moved to {aside} to run again")
+        log(f"{name}: made with another command ({why}); moved to {aside} to run again")
     env = child_env(root, launcher)
     failed: dict[str, str] = {}  # run -> the failed run that stops it
     done = {r.name for r in runs if status(root, r.name) == "done"}

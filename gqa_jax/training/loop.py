@@ -35,7 +35,7 @@ from gqa_jax.training.lock import WorkdirLock
 from gqa_jax.training.state import OptimizerConfig, create_state, make_optimizer, make_schedule
 from gqa_jax.training.step import make_train_step
 from gqa_jax.training.stops import Stopped, StopSignals
-from gqa_jax.training.validate import check_config, checkpoint_overrides
+from gqa_jax.training.validate import check_config, checkpoint_overrides, starts_from
 from gqa_jax.training.workdir import (
     check_workdir,
     checkpoint_manager,
@@ -150,9 +150,8 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     check_config(config)
     workdir = paths.resolve(workdir, "workdir")
     task = tasks_lib.get_task(config.task)
-    starts_from = {"uptrain": config.uptrain.source, "finetune": config.init_from}.get(config.recipe)
-    if starts_from:  # a wrong path is named before the suite's vocabulary is built (minutes)
-        checkpoints.check_source(starts_from)
+    if source := starts_from(config):  # a wrong path is named before the suite's vocabulary is built
+        checkpoints.check_source(source)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
     lock = WorkdirLock(workdir)  # creates the workdir and takes its lock before anything is written

@@ -120,6 +120,11 @@ def _check_uptrain(config: Any, task: Any) -> None:
             )
 
 
+def starts_from(config: Any) -> str | None:
+    """The checkpoint a run starts from: uptraining's source, else ``init_from`` (None: random)."""
+    return config.uptrain.source if config.recipe == "uptrain" else config.init_from
+
+
 def check_config(config: Any) -> None:
     """Clear errors for a config that cannot run (before anything is built or written)."""
     if config.recipe not in RECIPES:
@@ -132,17 +137,17 @@ def check_config(config: Any) -> None:
     if config.recipe == "uptrain":
         _check_uptrain(config, task)
     _check_numbers(config)
-    starts_from = config.uptrain.source if config.recipe == "uptrain" else config.init_from
-    if starts_from and config.recipe == "pretrain":
+    source = starts_from(config)
+    if source and config.recipe == "pretrain":
         raise ValueError(
-            f"config.init_from={starts_from!r} does not apply to pre-training (it starts from random "
+            f"config.init_from={source!r} does not apply to pre-training (it starts from random "
             "weights): fine-tune from it (configs/finetune.py) or uptrain it (configs/uptrain.py)"
         )
     shape = [k for k in ("preset", *SHAPE_FIELDS) if config.model.get(k) is not None]
-    if shape and starts_from:
+    if shape and source:
         raise ValueError(
             f"config.model.{shape[0]}={config.model[shape[0]]!r} sets a model shape, but this run starts "
-            f"from {starts_from}, which has its own: drop --config.model.{shape[0]}"
+            f"from {source}, which has its own: drop --config.model.{shape[0]}"
         )
     if config.batch_size % config.num_microbatches:
         raise ValueError(

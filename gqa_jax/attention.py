@@ -9,9 +9,10 @@ as in the paper). K/V are never repeated to N heads: queries are regrouped to
 ``[B, K, M, H]`` with ``M = G * T`` rows per K/V head and contract against ``[B, K, S, H]``
 directly, so a decode step reads K/N of the MHA key/value bytes. K/V are laid out
 ``[B, K, S, H]`` (the KV-cache layout), measured faster than ``[B, S, K, H]`` for decode on CPU
-(docs/decoding.md, "Where it stands"). With ``cpu_fast`` (static, off by default; a CPU decode
-loop's step turns it on) one decoded position takes the group's heads one at a time instead
-(``cpu_step.attention_by_head``) and the projections are taken out-major (``layers.project``).
+(docs/decoding.md, "Where it stands"). Under the ``"cpu"`` decode kernel (the module's static
+``kernel``, which a CPU decode program sets: ``gqa_jax.cpu_step``) one decoded position takes the
+group's heads one at a time instead (``cpu_step.attention_by_head``) and the projections are taken
+out-major (``layers.project``).
 A quantized cache (``kv_quant.QuantizedKV``) enters the same products: the keys' scales multiply
 the logits and the values' scales the probabilities (``gqa_jax.kv_quant``).
 
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gqa_jax import cpu_step, kv_quant
-from gqa_jax.config import ModelConfig
+from gqa_jax.config import EINSUM_KERNEL, ModelConfig
 from gqa_jax.layers import dropout, dtype_of, fan_in_init, project, project_many
 from gqa_jax.sharding import constrain
 
@@ -45,7 +46,7 @@ def grouped_attention(
     mask: Array | None = None,
     dropout_rate: float = 0.0,
     rngs: nnx.Rngs | None = None,
-    cpu_fast: bool = False,
+    kernel: str = EINSUM_KERNEL,
 ) -> Array:
     """Attention of N query heads over K shared K/V heads.
 
@@ -54,8 +55,8 @@ def grouped_attention(
       k, v: ``[B, K, S, H]`` keys and values, ``N % K == 0``; or quantized (``kv_quant``).
       bias: ``[N, T, S]`` (or ``[B, N, T, S]``) additive logit bias, per QUERY head.
       mask: boolean, broadcastable to ``[B, T, S]``; False hides the key.
-      cpu_fast: the CPU decode fast path (static): one query position with 1 < G <=
-        ``cpu_step.STEP_MAX_GROUP`` and no dropout is taken head by head
+      kernel: the decode kernel (static, ``config.KERNELS``): under ``"cpu"`` one query position
+        with 1 < G <= ``cpu_step.STEP_MAX_GROUP`` and no dropout is taken head by head
         (``cpu_step.by_head``); the same numbers to float rounding.
     Returns:
       ``[B, T, N, H]``.
@@ -67,7 +68,7 @@ def grouped_attention(
     G = N // K
     k, k_scale = kv_quant.split(k, q.dtype)  # scales [B, K, 1, S] of a quantized cache, else None
     v, v_scale = kv_quant.split(v, q.dtype)
-    if cpu_step.by_head(T, G, dropout=rngs is not None and dropout_rate > 0.0, cpu_fast=cpu_fast):
+    if cpu_step.by_head(T, G, dropout=rngs is not None and dropout_rate > 0.0, kernel=kernel):
         return cpu_step.attention_by_head(
             q, k, v, bias=bias, mask=mask, mask_value=MASK_VALUE, k_scale=k_scale, v_scale=v_scale
         )
@@ -108,10 +109,11 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = N, K, H
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
+        self.kernel = EINSUM_KERNEL  # a decode program sets its own (config.KERNELS)
 
-    def project_q(self, x: Array, *, cpu_fast: bool = False) -> Array:
-        """``[B, T, D]`` -> ``[B, T, N, H]`` (``cpu_fast``: as ``layers.project``)."""
-        q = project("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype), cpu_fast=cpu_fast)
+    def project_q(self, x: Array) -> Array:
+        """``[B, T, D]`` -> ``[B, T, N, H]``."""
+        q = project("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype), kernel=self.kernel)
         return constrain(q, "queries")
 
     def project_kv(self, x: Array) -> tuple[Array, Array]:
@@ -120,13 +122,13 @@ class Attention(nnx.Module):
         v = project("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
         return constrain(k, "kv"), constrain(v, "kv")
 
-    def project_qkv(self, x: Array, *, cpu_fast: bool = False) -> tuple[Array, Array, Array]:
+    def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
         """Self-attention ``[B, T, D]`` -> queries ``[B, T, N, H]``, keys and values ``[B, K, T, H]``
-        (with ``cpu_fast`` one out-major product over the three weights stacked)."""
+        (under the ``"cpu"`` kernel one out-major product over the three weights stacked)."""
         dt = self.dtype
         w = [self.query[...].astype(dt), self.key[...].astype(dt), self.value[...].astype(dt)]
         specs = ["BTD,DNH->BTNH", "BTD,DKH->BKTH", "BTD,DKH->BKTH"]
-        q, k, v = project_many(specs, x, w, cpu_fast=cpu_fast)
+        q, k, v = project_many(specs, x, w, kernel=self.kernel)
         return constrain(q, "queries"), constrain(k, "kv"), constrain(v, "kv")
 
     def attend(
@@ -138,14 +140,12 @@ class Attention(nnx.Module):
         bias: Array | None = None,
         mask: Array | None = None,
         rngs: nnx.Rngs | None = None,
-        cpu_fast: bool = False,
     ) -> Array:
-        """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``
-        (``cpu_fast``: the CPU decode fast path of ``grouped_attention`` and ``layers.project``)."""
+        """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
         o = grouped_attention(
-            q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs, cpu_fast=cpu_fast
+            q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs, kernel=self.kernel
         )
-        out = project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype), cpu_fast=cpu_fast)
+        out = project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype), kernel=self.kernel)
         return constrain(out, "hidden")
 
     def __call__(

@@ -5,9 +5,9 @@ Letters: ``B`` batch, ``W`` beams, ``T_max`` = max_decode_len, ``V`` vocab.
 The input is encoded once per row and its cache repeated for the row's ``W`` beams; each step
 scores ``2W`` candidates per row, keeps the best ``W`` finished and the best ``W`` alive
 hypotheses, and reorders the beams' self-attention caches (cross K/V are the same across a row's
-beams). Scores are ``log p / ((5 + length) / 6) ** alpha``. Inputs, placement on a mesh and the
-CPU fast path (the static ``cpu_fast_path``, set on the host from ``cpu_step.use_for(mesh)``) are
-those of ``gqa_jax.decoding``.
+beams). Scores are ``log p / ((5 + length) / 6) ** alpha``. The input checks and the placement on
+a mesh (``gqa_jax.decode_inputs``), the prefill, the decode kernel (``decoding.decode_config``)
+and the model each program merges (``decoding.merged``) are those of ``gqa_jax.decoding``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
+from flax import struct
 
 from gqa_jax import cache as kvcache
-from gqa_jax import cpu_step, decoding, kv_quant
+from gqa_jax import decode_inputs, decoding, kv_quant
 from gqa_jax import sharding as sharding_lib
+from gqa_jax.config import DecodeConfig
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
@@ -48,43 +49,20 @@ def _gather_beams(x: Array, beams: Array) -> Array:
     return jnp.take_along_axis(x, beams.reshape(beams.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "graphdef", "max_decode_len", "beam_size", "alpha", "eos_id", "cache_dtype", "cpu_fast_path",
-        "mesh", "rules",
-    ),
-)  # fmt: skip
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "beam_size", "alpha", "mesh", "rules"))
 def _beam_loop(
-    graphdef, params, encoder_input_ids, *, max_decode_len, beam_size, alpha, eos_id, cache_dtype=None,
-    cpu_fast_path=False, mesh=None, rules=None,
-):  # fmt: skip
-    with decoding.mesh_context(mesh, rules):
-        return _beam_body(
-            graphdef, params, encoder_input_ids,
-            max_decode_len=max_decode_len, beam_size=beam_size, alpha=alpha, eos_id=eos_id,
-            cache_dtype=cache_dtype, cpu_fast_path=cpu_fast_path,
-        )  # fmt: skip
-
-
-def _beam_body(
-    graphdef,
-    params,
-    encoder_input_ids,
-    *,
-    max_decode_len,
-    beam_size,
-    alpha,
-    eos_id,
-    cache_dtype,
-    cpu_fast_path,
+    graphdef, params, encoder_input_ids, *, config: DecodeConfig, beam_size, alpha, mesh=None, rules=None
 ):
-    model = nnx.merge(graphdef, params)
+    with decode_inputs.mesh_context(mesh, rules):
+        model = decoding.merged(graphdef, params, config)
+        return _beam_body(model, encoder_input_ids, config=config, beam_size=beam_size, alpha=alpha)
+
+
+def _beam_body(model, encoder_input_ids, *, config: DecodeConfig, beam_size, alpha):
+    max_decode_len, eos_id = config.max_decode_len, config.eos_id
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
     # encode B rows once, then repeat the cache for W beams per row
-    cache = decoding.prefill(
-        model, encoder_input_ids, max_decode_len, chunked=cpu_fast_path, cache_dtype=cache_dtype
-    )
+    cache = decoding.prefill(model, encoder_input_ids, max_decode_len, cache_dtype=config.cache_dtype)
     cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)
     cache = cache.replace(
         **{
@@ -110,7 +88,7 @@ def _beam_body(
             t == 0, DECODER_START_ID, jax.lax.dynamic_index_in_dim(s.alive_seqs, t - 1, 2, False)
         )
         feed = last.reshape(B * W, 1)
-        logits, cache = model.decode_cached(feed, s.cache, cpu_fast=cpu_fast_path)  # [B * W, 1, V]
+        logits, cache = model.decode_cached(feed, s.cache)  # [B * W, 1, V]
         logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, V)
         cand = (s.alive_logp[:, :, None] + logp).reshape(B, W * V)
         # 2W candidates: at most W of them end in EOS, so W can stay alive.
@@ -156,7 +134,7 @@ def _beam_body(
 
 
 def beam_search(
-    model: decoding.ModelLike,
+    model: decode_inputs.ModelLike,
     encoder_input_ids: Any,
     max_decode_len: int,
     *,
@@ -177,27 +155,24 @@ def beam_search(
     decoding; with ``alpha > 0`` a single beam may legitimately prefer a longer hypothesis than
     greedy's, because the penalty rewards length. ``cache_dtype`` as for ``greedy_decode``.
     """
-    graphdef, params = decoding.as_split(model)
-    config = decoding.config_of(model)
-    ids = decoding.validate_inputs(
+    graphdef, params = decode_inputs.as_split(model)
+    config = decode_inputs.config_of(model)
+    ids = decode_inputs.validate_inputs(
         config, encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
     )
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be >= 1")
     cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
-    params, ids = decoding.place(
+    params, ids = decode_inputs.place(
         params, ids, mesh, rules, config, int(max_decode_len), int(beam_size), cache_dtype=cache_dtype
     )
     tokens, lengths, scores = _beam_loop(
         graphdef,
         params,
         ids,
-        max_decode_len=int(max_decode_len),
+        config=decoding.decode_config(max_decode_len, mesh=mesh, eos_id=eos_id, cache_dtype=cache_dtype),
         beam_size=int(beam_size),
         alpha=float(alpha),
-        eos_id=int(eos_id),
-        cache_dtype=cache_dtype,
-        cpu_fast_path=cpu_step.use_for(mesh),
         mesh=mesh,
         rules=sharding_lib.rules_key(rules),
     )

@@ -21,6 +21,10 @@ MLP_KINDS = ("gated-gelu", "relu")  # T5.1.1 uses gated-gelu; the original T5 us
 DTYPES = ("float32", "bfloat16", "float16")
 # What each layer keeps for the backward pass (the rest is recomputed); see model.py.
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
+# How a decode step takes its products (a static mode each module reads where it acts):
+# "einsum", the plain einsums of any backend, or "cpu", the CPU fast path (gqa_jax.cpu_step).
+EINSUM_KERNEL, CPU_KERNEL = "einsum", "cpu"
+KERNELS = (EINSUM_KERNEL, CPU_KERNEL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,14 +202,13 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """The static settings of a compiled decode loop (hashable: ``jax.jit`` compiles once per
+    """The static settings of a compiled decode program (hashable: ``jax.jit`` compiles once per
     value). ``greedy=False`` samples at the loop's traced temperature, restricted to the top
     ``top_k`` tokens (0: all) and the ``top_p`` nucleus; ``return_logits`` keeps every step's;
     ``cache_dtype`` (None: the model's dtype) is the KV cache's (``gqa_jax.kv_quant``).
-    ``cpu_fast_path``: the loop takes the CPU decode fast path (``gqa_jax.cpu_step``: chunked
-    prefill, and every step traced with ``cpu_fast=True``). ``greedy_decode`` / ``sample_decode``
-    set it from ``cpu_step.use_for(mesh)`` (the CPU backend, one device); the default False, for a
-    caller that builds the config itself, keeps the plain einsums of any backend."""
+    ``kernel`` (one of ``KERNELS``): how the step takes its products; ``decoding.decode_config``
+    chooses it for the mesh (``cpu_step.kernel_for``: ``"cpu"`` on one CPU device), the default
+    ``"einsum"`` being the plain products of any backend."""
 
     max_decode_len: int
     eos_id: int = 1
@@ -214,4 +217,8 @@ class DecodeConfig:
     top_p: float = 1.0
     return_logits: bool = False
     cache_dtype: str | None = None
-    cpu_fast_path: bool = False
+    kernel: str = EINSUM_KERNEL
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"DecodeConfig: kernel={self.kernel!r}; choose from {', '.join(KERNELS)}")

@@ -1,18 +1,21 @@
-"""The CPU decode fast path, in one place: what a decode loop on one CPU device does differently.
+"""The CPU decode fast path, in one place: what a decode step on one CPU device does differently.
 
 Letters: ``B`` batch, ``T`` query length, ``S`` key/value length, ``N`` query heads, ``K`` K/V
 heads, ``G = N // K``, ``H`` head dim.
 
-The fast path is an explicit, static option. A decode loop's ``DecodeConfig.cpu_fast_path`` says
-whether it is taken; ``greedy_decode`` / ``sample_decode`` / ``beam_search`` set it on the host
-from :func:`use_for` (the CPU backend and a single device) before calling the jitted loop. With it
-on, the prefill encodes in row chunks (:func:`encode_chunk_rows`), and the loop's step passes
-``cpu_fast=True`` down ``T5.decode_cached``: ``layers.project_many`` then takes few-row weight
-products out-major (:func:`out_major_products`) and ``attention.grouped_attention`` takes one
-query position a query head at a time (:func:`attention_by_head`, chosen by :func:`by_head`).
-Every ``cpu_fast`` defaults to False, the plain einsums: training, the encoder, ``decode_step``
-called alone, meshes over several devices and GPUs / TPUs keep them. The results equal the plain
-path's to float rounding (same sums, another order; the tokens are identical in the tests).
+The fast path is one static choice, the decode kernel ``"cpu"`` (``config.KERNELS``; the other is
+``"einsum"``, the plain products of any backend), made once on the host by :func:`kernel_for`
+(the CPU backend and a single device) when ``decoding.decode_config`` builds a loop's
+``DecodeConfig``. The decode programs set it on the model they merge inside ``jit``
+(``decoding.merged``: ``model.set_attributes(kernel=...)``, the NNX idiom for a static mode), and
+each module reads its own ``kernel`` where it acts, as MaxText's attention reads
+``attention_kernel``: ``layers.project_many`` takes a decode step's few-row weight products
+out-major (:func:`out_major_products`), ``attention.grouped_attention`` takes one query position a
+query head at a time (:func:`attention_by_head`, chosen by :func:`by_head`), and the prefill
+encodes in row chunks (:func:`encode_chunk_rows`). A model built anywhere else (training, the
+teacher-forced decoder, ``decode_step`` called on a fresh model) has ``kernel="einsum"``. The
+results equal the plain path's to float rounding (same sums, another order; the tokens are
+identical in the tests).
 
 What each part does (each measured faster on the CPU: docs/decoding.md, "The CPU fast path"):
 
@@ -37,6 +40,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL
+
 Array = jax.Array
 
 STEP_ROWS = (2, 64)  # rows for which the out-major product measured faster on CPU
@@ -45,13 +50,15 @@ STEP_MAX_GROUP = 8  # query heads per group taken one by one (MQA at xxl, G = 64
 ENCODE_CHUNK_TOKENS = 1024  # tokens per chunk of the chunked prefill
 
 
-def use_for(mesh: Any) -> bool:
-    """Whether a decode loop on ``mesh`` (None: no mesh) should take the CPU fast path: the CPU
-    backend and a single device. Asked on the host, once per call, by the decode entry points;
-    the answer is the loop's static ``DecodeConfig.cpu_fast_path``."""
+def kernel_for(mesh: Any) -> str:
+    """The decode kernel for a loop on ``mesh`` (None: no mesh): ``"cpu"`` (this fast path) on the
+    CPU backend and a single device, else ``"einsum"``. Asked on the host, once per loop, by
+    ``decoding.decode_config``."""
     if mesh is None:
-        return jax.default_backend() == "cpu"
-    return mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"  # a TPU slice's mesh too
+        one_cpu = jax.default_backend() == "cpu"
+    else:
+        one_cpu = mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"  # a TPU slice's mesh too
+    return CPU_KERNEL if one_cpu else EINSUM_KERNEL
 
 
 def encode_chunk_rows(batch: int, input_len: int) -> int:
@@ -77,7 +84,8 @@ def out_major_products(specs: list[str], x: Array, ws: list[Array]) -> list[Arra
     """``[jnp.einsum(spec, x, w) ...]`` as one out-major product ``W [out, in] @ X.T [in, rows]``
     over the weights stacked, or None when it does not apply (rows outside ``STEP_ROWS``, weights
     under ``STEP_MIN_WEIGHT`` elements in all, or specs that do not share x's rows and inner
-    letters): the caller then takes the einsums."""
+    letters): the caller then takes the einsums. ``layers.project_many`` asks for it under the
+    ``"cpu"`` kernel."""
     parsed = [_parse(spec, x, w) for spec, w in zip(specs, ws, strict=True)]
     x_letters, _, _, rows, _, inner, size = parsed[0]
     n_rows = math.prod(size[c] for c in rows)
@@ -102,11 +110,11 @@ def out_major_products(specs: list[str], x: Array, ws: list[Array]) -> list[Arra
     return outs
 
 
-def by_head(T: int, G: int, *, dropout: bool, cpu_fast: bool) -> bool:
+def by_head(T: int, G: int, *, dropout: bool, kernel: str) -> bool:
     """Whether grouped attention of ``T`` query positions with ``G`` heads per group is taken
-    head by head (:func:`attention_by_head`): the fast path asked for (``cpu_fast``), one
-    position, 1 < G <= ``STEP_MAX_GROUP``, no attention dropout."""
-    return cpu_fast and T == 1 and 1 < G <= STEP_MAX_GROUP and not dropout
+    head by head (:func:`attention_by_head`): the ``"cpu"`` kernel, one position, 1 < G <=
+    ``STEP_MAX_GROUP``, no attention dropout."""
+    return kernel == CPU_KERNEL and T == 1 and 1 < G <= STEP_MAX_GROUP and not dropout
 
 
 def attention_by_head(

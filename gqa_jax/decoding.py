@@ -1,4 +1,4 @@
-"""KV-cached decoding: prefill, a pure decode step, the compiled greedy / sampling loop.
+"""KV-cached decoding: prefill, a pure decode step, and the decode programs every tool runs.
 
 Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = max_decode_len),
 ``N`` query heads, ``K`` K/V heads, ``H`` head dim, ``V`` vocab, ``W`` beams.
@@ -6,24 +6,28 @@ Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = ma
 - ``prefill`` encodes the input once and projects every layer's cross-attention K/V once into
   the cache (at K heads), plus an empty self-attention cache of ``T_max`` positions.
 - ``decode_step(model, state) -> state`` is pure and jittable alone: it feeds each row's last
-  token, writes its K/V at the row's cache index, and picks the next token (greedy or sampled).
-- ``decode_loop`` (public, jitted; its static settings are a frozen ``DecodeConfig``) runs
-  ``decode_step`` in a ``lax.while_loop``; ``greedy_decode`` / ``sample_decode`` check the inputs
-  on the host and call it. The decoder starts from the pad id 0, rows that emitted EOS keep emitting pad,
-  and the loop stops as soon as every row is done.
-- The CPU decode fast path (``gqa_jax.cpu_step``) is the static ``DecodeConfig.cpu_fast_path``:
-  ``greedy_decode`` / ``sample_decode`` (and ``beam_search``) set it on the host from
-  ``cpu_step.use_for(mesh)``; the loop then chunks the prefill and runs
-  ``decode_step(..., cpu_fast=True)``. ``decode_step`` alone defaults to the plain einsums.
+  token, writes its K/V at the cache index, and picks the next token (greedy or sampled).
+- The decode programs (jitted; their static settings a frozen ``DecodeConfig`` from
+  ``decode_config``): ``start`` (the prefill and the loop's first state), ``step`` (one step),
+  ``finish`` (the steps in a ``lax.while_loop`` until every row is done) and ``decode_loop``
+  (``start`` then ``finish`` in one program). ``greedy_decode`` / ``sample_decode`` check the
+  inputs on the host and call ``decode_loop``; ``beam_search``, ``plan``, ``time`` and the
+  benchmarks run or lower the same programs, so one path is measured and predicted. The decoder
+  starts from the pad id 0, rows that emitted EOS keep emitting pad, and the loop stops as soon
+  as every row is done.
+- The decode kernel (``DecodeConfig.kernel``: ``"einsum"``, or ``"cpu"``, the CPU fast path of
+  ``gqa_jax.cpu_step``) is chosen once, by ``decode_config`` for the mesh, and set on the model
+  each program merges (``merged``); every module reads it where it acts.
 - ``uncached_greedy_decode`` re-runs the whole teacher-forced decoder each step: the reference
   for tests and the "without cache" row of the benchmark.
-- Beam search is in ``gqa_jax.beam_search``, over the same step and plumbing.
+- Beam search is in ``gqa_jax.beam_search``, over the same step; the host-side checks and the
+  placement on a mesh are in ``gqa_jax.decode_inputs``.
 
-Every function takes the model as a ``T5`` module or as its ``(graphdef, state)`` split; the
-jitted cores take the split (``nnx.merge`` inside ``jit``).
+Every entry point takes the model as a ``T5`` module or as its ``(graphdef, state)`` split; the
+programs take the split (``nnx.merge`` inside ``jit``).
 
 Sharded decoding: pass ``mesh=`` (``gqa_jax.sharding.make_mesh``). Parameters are placed by the
-rule table, input rows split over ``data``, and the loop is traced inside
+rule table, input rows split over ``data``, and the programs are traced inside
 ``sharding.activation_sharding`` so the cache is held at K/V-head granularity over ``model``
 (when ``K % model == 0``; replicated otherwise). On several processes pass the inputs as a
 global array (``distributed.global_batch``); results are global arrays (``distributed.to_host``).
@@ -31,24 +35,29 @@ global array (``distributed.global_batch``); results are global arrays (``distri
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
 from gqa_jax import cpu_step, kv_quant
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import DecodeConfig, ModelConfig
-from gqa_jax.log import log_once
+from gqa_jax.config import CPU_KERNEL, DecodeConfig
+from gqa_jax.decode_inputs import (
+    ModelLike,
+    as_split,
+    check_sampling,
+    config_of,
+    mesh_context,
+    place,
+    validate_inputs,
+)
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID, T5
 
 Array = jax.Array
-ModelLike = T5 | tuple[Any, Any]  # a T5 module, or nnx.split(model)
 
 
 @struct.dataclass
@@ -74,113 +83,54 @@ class DecodeResult:
     cache: kvcache.KVCache | None = None  # the final cache when return_cache=True
 
 
-# ------------------------------------------------------------------------ model plumbing
-def as_split(model: ModelLike) -> tuple[Any, Any]:
-    return nnx.split(model) if isinstance(model, T5) else model
-
-
-def config_of(model: ModelLike) -> ModelConfig:
-    return model.config if isinstance(model, T5) else nnx.merge(*model).config
-
-
-def mesh_context(mesh: Any, rules: Any) -> Any:
-    """Inside a jitted core: the activation-sharding context of a static ``(mesh, rules)``."""
-    if mesh is None:
-        return contextlib.nullcontext()
-    return sharding_lib.activation_sharding(mesh, dict(rules) if rules else sharding_lib.RULES)
-
-
-def place(
-    params: Any,
-    ids: Array,
-    mesh: Any,
-    rules: Any,
-    config: Any,
+def decode_config(
     max_decode_len: int,
-    beams: int = 1,
+    *,
+    mesh: Any = None,
+    eos_id: int = EOS_ID,
+    greedy: bool = True,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    return_logits: bool = False,
     cache_dtype: str | None = None,
-) -> tuple[Any, Array]:
-    """Params by the rule table and input rows over ``data`` (a no-op for arrays already placed);
-    logs the cache's replication when its K/V heads cannot split over ``model``."""
-    if mesh is None:
-        return params, ids
-    rules = dict(rules) if rules else sharding_lib.RULES
-    sharding_lib.check_rules(rules, mesh)
-    sharding_lib.check_batch({"encoder_input_ids": ids}, mesh)
-    params = sharding_lib.shard_params(params, mesh, rules)
-    _, replicated = kvcache.cache_layout(
-        config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, cache_dtype or config.dtype, rules
+) -> DecodeConfig:
+    """The static settings of a decode program on ``mesh`` (None: one device), its kernel chosen
+    for the mesh by ``cpu_step.kernel_for``: the one place that choice is made, for the decoding
+    API, beam search and every tool that lowers or times a decode program."""
+    return DecodeConfig(
+        max_decode_len=int(max_decode_len),
+        eos_id=int(eos_id),
+        greedy=bool(greedy),
+        top_k=int(top_k),
+        top_p=float(top_p),
+        return_logits=return_logits,
+        cache_dtype=cache_dtype,
+        kernel=cpu_step.kernel_for(mesh),
     )
-    if replicated:  # the paper's section 2.2 waste, stated once per shape
-        log_once(
-            (config, mesh.shape_tuple, ids.shape, max_decode_len, beams),
-            f"KV cache on mesh {dict(mesh.shape)}: " + sharding_lib.replication_report(replicated),
-        )
-    if not (isinstance(ids, jax.Array) and not ids.is_fully_addressable):
-        ids = jax.device_put(ids, sharding_lib.batch_sharding(mesh))
-    return params, ids
 
 
-def validate_inputs(
-    config, encoder_input_ids: Any, max_decode_len: int, *, max_input_len: int | None, truncate: bool
-) -> Array:
-    """Check decoding inputs on the host; returns the (possibly truncated) ids as int32.
-    A global array spread over several processes is checked on this process's rows, and is
-    never truncated here (cut the rows before building it)."""
-    ids = encoder_input_ids
-    spread = isinstance(ids, jax.Array) and not ids.is_fully_addressable
-    if not spread:
-        try:
-            ids = np.asarray(ids)
-        except ValueError as e:  # ragged Python lists
-            raise ValueError(
-                "encoder_input_ids must be a rectangular [batch, length] array; rows of different "
-                f"lengths must be padded with 0 to one length ({e})"
-            ) from e
-    if ids.ndim != 2:
-        raise ValueError(f"encoder_input_ids must be [batch, length]; got shape {ids.shape}")
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"empty input: encoder_input_ids has shape {ids.shape}")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"encoder_input_ids must be integer token ids; got dtype {ids.dtype}")
-    for rows in [np.asarray(s.data) for s in ids.addressable_shards] if spread else [ids]:
-        if rows.size and (rows.min() < 0 or rows.max() >= config.vocab_size):
-            raise ValueError(
-                f"encoder_input_ids has ids outside the vocabulary [0, {config.vocab_size}): "
-                f"min {rows.min()}, max {rows.max()}"
-            )
-    if not isinstance(max_decode_len, int | np.integer) or max_decode_len < 1:
-        raise ValueError(f"max_decode_len={max_decode_len!r} must be an integer >= 1")
-    if max_input_len is not None and ids.shape[1] > max_input_len:
-        if not truncate or spread:
-            raise ValueError(
-                f"inputs of length {ids.shape[1]} exceed max_input_len={max_input_len}; "
-                "shorten them or pass truncate=True to cut them explicitly (not for an array "
-                "spread over processes: cut its rows before building it)"
-            )
-        ids = ids[:, :max_input_len]
-    return ids.astype(jnp.int32) if spread else jnp.asarray(ids, jnp.int32)
+def merged(graphdef: Any, params: Any, config: DecodeConfig) -> T5:
+    """Inside a jitted decode program: the model, every module set to ``config.kernel`` (a static
+    attribute each reads where it acts, the NNX idiom for a mode)."""
+    model = nnx.merge(graphdef, params)
+    model.set_attributes(kernel=config.kernel)
+    return model
 
 
 def prefill(
-    model: T5,
-    encoder_input_ids: Array,
-    max_decode_len: int,
-    *,
-    chunked: bool = False,
-    cache_dtype: str | None = None,
+    model: T5, encoder_input_ids: Array, max_decode_len: int, *, cache_dtype: str | None = None
 ) -> kvcache.KVCache:
     """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``,
     in ``cache_dtype`` (None: the model's dtype; int8 / fp8: quantized, ``gqa_jax.kv_quant``).
 
-    ``chunked`` (the CPU fast path of the loops): encode a few rows at a time (``lax.map`` over
-    chunks of at most ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens, ``cpu_step.encode_chunk_rows``), so
-    a chunk's activations and ``[N, S, S]`` attention logits stay in the CPU caches through a layer
-    instead of the whole batch's streaming through memory at every op. The numbers agree with the
-    batched encoder to float32 rounding (products of other shapes sum in another order)."""
+    Under the ``"cpu"`` kernel (``model.kernel``) the encoder runs a few rows at a time
+    (``lax.map`` over chunks of at most ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens,
+    ``cpu_step.encode_chunk_rows``), so a chunk's activations and ``[N, S, S]`` attention logits
+    stay in the CPU caches through a layer instead of the whole batch's streaming through memory
+    at every op. The numbers agree with the batched encoder to float32 rounding."""
     config = model.config
     B, S = encoder_input_ids.shape
-    rows = cpu_step.encode_chunk_rows(B, S) if chunked else B
+    rows = cpu_step.encode_chunk_rows(B, S) if model.kernel == CPU_KERNEL else B
     if rows < B:
         chunks = encoder_input_ids.reshape(B // rows, rows, S)
         encoded = jax.lax.map(model.encode, chunks).reshape(B, S, -1)  # [B, S, D]
@@ -247,12 +197,11 @@ def decode_step(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    cpu_fast: bool = False,
 ) -> DecodeState:
-    """One token for every row. Pure: returns a new state; jittable alone. ``cpu_fast`` (static):
-    the CPU decode fast path for the step's products (``T5.decode_cached``); off by default."""
+    """One token for every row. Pure: returns a new state; jittable alone. Its products are those
+    of ``model.kernel`` (the plain einsums unless a decode program set another)."""
     kvcache.check_cache(model.config, state.cache)
-    logits, cache = model.decode_cached(state.last[:, None], state.cache, cpu_fast=cpu_fast)  # [B, 1, V]
+    logits, cache = model.decode_cached(state.last[:, None], state.cache)  # [B, 1, V]
     logits = logits[:, 0]
     key, sub = jax.random.split(state.key)
     token = choose_tokens(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -273,52 +222,75 @@ def decode_step(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "config", "mesh", "rules"))
-def decode_loop(
-    graphdef: Any,
-    params: Any,
-    encoder_input_ids: Array,
-    key: Array,
-    temperature: Array,
-    *,
-    config: DecodeConfig,
-    mesh: Any = None,
-    rules: Any = None,
+# ------------------------------------------------------------------- the decode programs
+# Every program takes the model split (graphdef static, params traced) and a static
+# ``DecodeConfig``, ``mesh`` and ``rules`` (as ``sharding.rules_key`` gives them); with a mesh its
+# trace runs under the mesh's activation sharding. ``decode_loop`` is ``start`` then ``finish``
+# in one program; the tools lower or time the pieces (``step`` alone: the stepped benchmark and the
+# TPU prediction; ``finish``: the decoder's steps timed apart from the prefill).
+def _start(model: T5, ids: Array, key: Array, config: DecodeConfig) -> DecodeState:
+    cache = prefill(model, ids, config.max_decode_len, cache_dtype=config.cache_dtype)
+    return init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
+
+
+def _step(model: T5, state: DecodeState, temperature: Array, config: DecodeConfig) -> DecodeState:
+    return decode_step(
+        model,
+        state,
+        eos_id=config.eos_id,
+        temperature=0.0 if config.greedy else temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+    )
+
+
+def _finish(model: T5, state: DecodeState, temperature: Array, config: DecodeConfig) -> DecodeState:
+    def running(s: DecodeState) -> Array:
+        return (s.step < config.max_decode_len) & ~jnp.all(s.done)
+
+    return jax.lax.while_loop(running, lambda s: _step(model, s, temperature, config), state)
+
+
+_STATIC = ("graphdef", "config", "mesh", "rules")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def start(
+    graphdef, params, encoder_input_ids, key, *, config: DecodeConfig, mesh=None, rules=None
 ) -> DecodeState:
-    """The compiled greedy / sampling loop, prefill included: ``temperature`` is traced (no
-    recompile per value); ``config`` (a frozen ``DecodeConfig``), ``mesh`` and ``rules`` (as
-    ``sharding.rules_key`` gives them) are static. With a ``mesh`` the trace runs under its
-    activation sharding (cache sharded by the rules). ``config.cpu_fast_path`` chooses the CPU
-    fast path (chunked prefill, ``decode_step(..., cpu_fast=True)``). ``greedy_decode`` /
-    ``sample_decode`` check inputs, set ``cpu_fast_path`` from ``cpu_step.use_for(mesh)`` and
-    call this; call it directly to ``.lower()`` the loop (``plan``, the benchmarks), setting
-    ``cpu_fast_path`` as they do (its default False is the plain path)."""
+    """The prefill: encoder, cross K/V into the cache, the empty self cache, the loop's first state."""
     with mesh_context(mesh, rules):
-        model = nnx.merge(graphdef, params)
-        cache = prefill(
-            model,
-            encoder_input_ids,
-            config.max_decode_len,
-            chunked=config.cpu_fast_path,
-            cache_dtype=config.cache_dtype,
-        )
-        state = init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
+        return _start(merged(graphdef, params, config), encoder_input_ids, key, config)
 
-        def step(s: DecodeState) -> DecodeState:
-            return decode_step(
-                model,
-                s,
-                eos_id=config.eos_id,
-                temperature=0.0 if config.greedy else temperature,
-                top_k=config.top_k,
-                top_p=config.top_p,
-                cpu_fast=config.cpu_fast_path,
-            )
 
-        def running(s: DecodeState) -> Array:
-            return (s.step < config.max_decode_len) & ~jnp.all(s.done)
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
+def step(graphdef, params, state, temperature, *, config: DecodeConfig, mesh=None, rules=None) -> DecodeState:
+    """One decode step of every row (the state donated: the cache is updated in place)."""
+    with mesh_context(mesh, rules):
+        return _step(merged(graphdef, params, config), state, temperature, config)
 
-        return jax.lax.while_loop(running, step, state)
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
+def finish(
+    graphdef, params, state, temperature, *, config: DecodeConfig, mesh=None, rules=None
+) -> DecodeState:
+    """The decoder's steps from ``state`` (a ``lax.while_loop``) until every row is done or
+    ``max_decode_len`` tokens are out (the state donated)."""
+    with mesh_context(mesh, rules):
+        return _finish(merged(graphdef, params, config), state, temperature, config)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def decode_loop(
+    graphdef, params, encoder_input_ids, key, temperature, *, config: DecodeConfig, mesh=None, rules=None
+) -> DecodeState:
+    """The whole greedy / sampling decode in one program: ``start`` then ``finish``.
+    ``temperature`` is traced (no recompile per value). ``greedy_decode`` / ``sample_decode``
+    check inputs, build ``config`` with ``decode_config`` and call this; call it directly to
+    ``.lower()`` the loop (``plan``, the benchmarks), with a config from ``decode_config``."""
+    with mesh_context(mesh, rules):
+        model = merged(graphdef, params, config)
+        return _finish(model, _start(model, encoder_input_ids, key, config), temperature, config)
 
 
 def greedy_decode(
@@ -355,28 +327,6 @@ def greedy_decode(
     )
 
 
-def _check_sampling(temperature: Any, top_k: Any, top_p: Any, vocab_size: int) -> None:
-    """Sampling settings on the host: a NaN or infinite temperature would silently give pad
-    tokens, a top_k above the vocabulary fails inside the compiled loop."""
-
-    def number(x: Any) -> float:  # Python, numpy or 0-d JAX scalars; NaN for anything else
-        try:
-            return float(x)
-        except (TypeError, ValueError):
-            return float("nan")
-
-    problems = []
-    t = number(temperature)
-    if not np.isfinite(t) or t < 0:
-        problems.append(f"temperature={temperature!r} must be a finite number >= 0 (0 is greedy)")
-    if not isinstance(top_k, int | np.integer) or isinstance(top_k, bool) or not 0 <= top_k <= vocab_size:
-        problems.append(f"top_k={top_k!r} must be an integer in [0, {vocab_size}] (0: no top-k)")
-    if not 0.0 < number(top_p) <= 1.0:  # NaN fails this too
-        problems.append(f"top_p={top_p!r} must be in (0, 1]")
-    if problems:
-        raise ValueError("sample_decode: " + "; ".join(problems))
-
-
 def sample_decode(
     model: ModelLike,
     encoder_input_ids: Any,
@@ -401,22 +351,22 @@ def sample_decode(
     ids = validate_inputs(
         config_of(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
     )
-    _check_sampling(temperature, top_k, top_p, config_of(model).vocab_size)
+    check_sampling(temperature, top_k, top_p, config_of(model).vocab_size)
     if temperature > 0 and key is None:
         raise ValueError("sampling needs an explicit PRNG key: sample_decode(..., key=jax.random.key(0))")
     cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
     params, ids = place(
         params, ids, mesh, rules, config_of(model), int(max_decode_len), cache_dtype=cache_dtype
     )
-    config = DecodeConfig(
-        max_decode_len=int(max_decode_len),
-        eos_id=int(eos_id),
+    config = decode_config(
+        max_decode_len,
+        mesh=mesh,
+        eos_id=eos_id,
         greedy=temperature == 0.0,
-        top_k=int(top_k),
-        top_p=float(top_p),
+        top_k=top_k,
+        top_p=top_p,
         return_logits=return_logits,
         cache_dtype=cache_dtype,
-        cpu_fast_path=cpu_step.use_for(mesh),
     )
     state = decode_loop(
         graphdef,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from gqa_jax import cpu_step
-from gqa_jax.config import ModelConfig
+from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, ModelConfig
 from gqa_jax.sharding import constrain
 
 Array = jax.Array
@@ -28,17 +28,17 @@ def fan_in_init(fan_in: int, scale: float = 1.0):
 
 
 # ------------------------------------------------------------------ weight products
-def project(spec: str, x: Array, w: Array, *, cpu_fast: bool = False) -> Array:
-    """``jnp.einsum(spec, x, w)`` for an activation ``x`` and a weight ``w``; with ``cpu_fast``
-    (a CPU decode loop's step) a few-row product is taken out-major
-    (``cpu_step.out_major_products``)."""
-    return project_many([spec], x, [w], cpu_fast=cpu_fast)[0]
+def project(spec: str, x: Array, w: Array, *, kernel: str = EINSUM_KERNEL) -> Array:
+    """``jnp.einsum(spec, x, w)`` for an activation ``x [B, T, ...]`` and a weight ``w``; under
+    the ``"cpu"`` kernel (the caller's own ``kernel``) a decode step's product, one position per
+    row, is taken out-major (``cpu_step.out_major_products``)."""
+    return project_many([spec], x, [w], kernel=kernel)[0]
 
 
-def project_many(specs: list[str], x: Array, ws: list[Array], *, cpu_fast: bool = False) -> list[Array]:
-    """``[project(spec, x, w) ...]`` for several weights applied to the same ``x``; with
-    ``cpu_fast`` the weights are stacked into one out-major product (where it applies)."""
-    if cpu_fast:
+def project_many(specs: list[str], x: Array, ws: list[Array], *, kernel: str = EINSUM_KERNEL) -> list[Array]:
+    """``[project(spec, x, w) ...]`` for several weights applied to the same ``x``; under the
+    ``"cpu"`` kernel a step's weights are stacked into one out-major product (where it applies)."""
+    if kernel == CPU_KERNEL and x.shape[1] == 1:  # one position per row: a decode step
         out = cpu_step.out_major_products(specs, x, ws)
         if out is not None:
             return out
@@ -80,14 +80,15 @@ class Embed(nnx.Module):
         shape = (config.vocab_size, config.d_model)
         self.embedding = nnx.Param(init(rngs.params(), shape, dtype_of(config.param_dtype)))
         self.dtype = dtype_of(config.dtype)
+        self.kernel = EINSUM_KERNEL  # a decode program sets its own (config.KERNELS)
 
     def __call__(self, ids: Array) -> Array:
         """``ids [B, T]`` -> ``[B, T, D]``."""
         return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
 
-    def attend(self, x: Array, *, cpu_fast: bool = False) -> Array:
-        """Tied logits: ``[B, T, D] x [V, D] -> [B, T, V]`` (``cpu_fast``: as ``project``)."""
-        return project("BTD,VD->BTV", x, self.embedding[...].astype(self.dtype), cpu_fast=cpu_fast)
+    def attend(self, x: Array) -> Array:
+        """Tied logits: ``[B, T, D] x [V, D] -> [B, T, V]``."""
+        return project("BTD,VD->BTV", x, self.embedding[...].astype(self.dtype), kernel=self.kernel)
 
 
 class MLP(nnx.Module):
@@ -103,19 +104,20 @@ class MLP(nnx.Module):
         self.wo = nnx.Param(fan_in_init(F)(rngs.params(), (F, D), pdt))
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
+        self.kernel = EINSUM_KERNEL  # a decode program sets its own (config.KERNELS)
 
-    def __call__(self, x: Array, rngs: nnx.Rngs | None = None, *, cpu_fast: bool = False) -> Array:
-        """``x [B, T, D]`` -> ``[B, T, D]`` (``cpu_fast``: the products as ``project``'s)."""
+    def __call__(self, x: Array, rngs: nnx.Rngs | None = None) -> Array:
+        """``x [B, T, D]`` -> ``[B, T, D]``."""
         if self.gated:
             w = [self.wi_0[...].astype(self.dtype), self.wi_1[...].astype(self.dtype)]
-            h, gate = project_many(["BTD,DF->BTF"] * 2, x, w, cpu_fast=cpu_fast)
+            h, gate = project_many(["BTD,DF->BTF"] * 2, x, w, kernel=self.kernel)
             # T5.1.1 (and HF's "gelu_new") use the tanh approximation of GELU.
             h = jax.nn.gelu(h, approximate=True) * gate
         else:
-            h = project("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype), cpu_fast=cpu_fast)
+            h = project("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype), kernel=self.kernel)
             h = jax.nn.relu(h)
         h = dropout(constrain(h, "mlp"), self.rate, rngs)
-        out = project("BTF,FD->BTD", h, self.wo[...].astype(self.dtype), cpu_fast=cpu_fast)
+        out = project("BTF,FD->BTD", h, self.wo[...].astype(self.dtype), kernel=self.kernel)
         return constrain(out, "hidden")
 
 

@@ -22,10 +22,10 @@ stacks its layers' parameters inside the step and runs them as one ``lax.scan``,
 compiled instead of L (the parameters stay per layer, in the checkpoint as here). Decoding has
 no backward pass and runs the layers one by one.
 
-A cached decode step (``T5.decode_cached``) takes one static option, ``cpu_fast`` (default
-False): the CPU decode fast path of ``gqa_jax.cpu_step``, passed down unchanged to every
-decoder layer's attentions and MLP and to the output layer. Off, every product is the plain
-einsum written here; a decode loop on one CPU device turns it on (``DecodeConfig.cpu_fast_path``).
+Every module that takes a weight product holds a static ``kernel`` (``config.KERNELS``), read
+where it acts: ``"einsum"``, the plain products written here, unless a decode program on one CPU
+device sets ``"cpu"`` on the model it runs (``gqa_jax.cpu_step``: its decode step's products and
+attention take the CPU fast path, and its prefill encodes in row chunks).
 
 Packed examples (several documents in one row, see ``gqa_jax.data.pipeline``) pass segment ids
 (1, 2, ... per document, 0 for padding): every attention is then also masked to its own
@@ -46,7 +46,7 @@ from flax.nnx import traversals
 
 from gqa_jax import cache
 from gqa_jax.attention import Attention
-from gqa_jax.config import ModelConfig
+from gqa_jax.config import EINSUM_KERNEL, ModelConfig
 from gqa_jax.layers import MLP, Embed, RelativePositionBias, RMSNorm, dropout, dtype_of, fan_in_init, project
 from gqa_jax.sharding import constrain
 
@@ -137,7 +137,6 @@ class DecoderLayer(nnx.Module):
         self_kv: tuple[Array, Array] | None = None,
         index: Array | None = None,
         rngs: nnx.Rngs | None = None,
-        cpu_fast: bool = False,
     ) -> tuple[Array, tuple[Array, Array]]:
         """One decoder layer, teacher-forced or cached (the same code for both).
 
@@ -146,20 +145,20 @@ class DecoderLayer(nnx.Module):
         ``cross_mask [B, 1, S]``. Without ``self_kv`` the keys are these T positions
         (``S' = T``); with ``self_kv`` (``[B, K, T_max, H]`` each) the new keys/values are
         written at each row's ``index [B]`` and the queries attend over the whole cache
-        (``S' = T_max``). ``cpu_fast``: the CPU decode fast path (module docstring).
+        (``S' = T_max``).
         Returns ``(y, (keys, values))``, the latter being the updated cache.
         """
         h = self.self_attn_norm(y)
-        q, k, v = self.self_attn.project_qkv(h, cpu_fast=cpu_fast)  # [B, T, N, H], [B, K, T, H] x 2
+        q, k, v = self.self_attn.project_qkv(h)  # [B, T, N, H], [B, K, T, H] x 2
         if self_kv is not None:
             k, v = cache.write(self_kv[0], k, index), cache.write(self_kv[1], v, index)
-        attn = self.self_attn.attend(q, k, v, bias=self_bias, mask=self_mask, rngs=rngs, cpu_fast=cpu_fast)
+        attn = self.self_attn.attend(q, k, v, bias=self_bias, mask=self_mask, rngs=rngs)
         y = y + dropout(attn, self.rate, rngs)
         h = self.cross_attn_norm(y)
-        q = self.cross_attn.project_q(h, cpu_fast=cpu_fast)  # [B, T, N, H]
-        attn = self.cross_attn.attend(q, *cross_kv, mask=cross_mask, rngs=rngs, cpu_fast=cpu_fast)
+        q = self.cross_attn.project_q(h)  # [B, T, N, H]
+        attn = self.cross_attn.attend(q, *cross_kv, mask=cross_mask, rngs=rngs)
         y = y + dropout(attn, self.rate, rngs)
-        y = y + dropout(self.mlp(self.mlp_norm(y), rngs, cpu_fast=cpu_fast), self.rate, rngs)
+        y = y + dropout(self.mlp(self.mlp_norm(y), rngs), self.rate, rngs)
         return constrain(y, "hidden"), (k, v)
 
 
@@ -210,7 +209,6 @@ class Decoder(nnx.Module):
         index: Array | None = None,
         segment_ids: Array | None = None,
         rngs: nnx.Rngs | None = None,
-        cpu_fast: bool = False,
     ) -> tuple[Array, tuple[tuple[Array, ...], tuple[Array, ...]]]:
         """Embedded decoder inputs ``y [B, T, D]`` -> ``([B, T, D], self keys/values per layer)``.
 
@@ -219,7 +217,6 @@ class Decoder(nnx.Module):
         their own segment when ``segment_ids [B, T]`` are given (packed rows).
         Cached: row b's tokens sit at positions ``index[b] + 0..T-1`` and attend to every cached
         position up to their own; the bias is computed for just these query positions.
-        ``cpu_fast`` goes to every layer (the CPU decode fast path, module docstring).
         """
         T = y.shape[1]
         if self_kv is None:
@@ -240,7 +237,7 @@ class Decoder(nnx.Module):
         def call(layer: DecoderLayer, y: Array, kv: Any, rngs: nnx.Rngs | None) -> tuple[Array, Any]:
             cross, own = kv  # this layer's cross K/V, and its cached self K/V (None: teacher forcing)
             return layer(y, cross, self_bias=bias, self_mask=causal, cross_mask=cross_mask,
-                         self_kv=own, index=index, rngs=rngs, cpu_fast=cpu_fast)  # fmt: skip
+                         self_kv=own, index=index, rngs=rngs)  # fmt: skip
 
         L = len(self.layers)
         own = [None] * L if self_kv is None else [(self_kv[0][i], self_kv[1][i]) for i in range(L)]
@@ -265,6 +262,7 @@ class T5(nnx.Module):
         if not config.tie_word_embeddings:
             D, V = config.d_model, config.vocab_size
             self.lm_head = nnx.Param(fan_in_init(D)(rngs.params(), (D, V), dtype_of(config.param_dtype)))
+        self.kernel = EINSUM_KERNEL  # a decode program sets its own on every module (config.KERNELS)
 
     def encode(
         self,
@@ -281,16 +279,15 @@ class T5(nnx.Module):
             mask = mask[:, None, :] & (segment_ids[:, :, None] == segment_ids[:, None, :])  # [B, S, S]
         return self.encoder(self.shared(encoder_input_ids), mask, rngs=rngs)
 
-    def logits(self, hidden: Array, *, cpu_fast: bool = False) -> Array:
-        """Decoder output ``[B, T, D]`` -> logits ``[B, T, V]`` (float32); ``cpu_fast``: the
-        output layer as ``layers.project``'s CPU decode fast path."""
+    def logits(self, hidden: Array) -> Array:
+        """Decoder output ``[B, T, D]`` -> logits ``[B, T, V]`` (float32)."""
         if self.config.tie_word_embeddings:
             # Original T5 (tied): rescale before reusing the embedding as the output layer.
             hidden = hidden * (self.config.d_model**-0.5)
-            out = self.shared.attend(hidden, cpu_fast=cpu_fast)
+            out = self.shared.attend(hidden)
         else:
             w = self.lm_head[...].astype(hidden.dtype)
-            out = project("BTD,DV->BTV", hidden, w, cpu_fast=cpu_fast)
+            out = project("BTD,DV->BTV", hidden, w, kernel=self.kernel)
         return constrain(out.astype(jnp.float32), "logits")
 
     def decode(
@@ -312,15 +309,11 @@ class T5(nnx.Module):
         )
         return self.logits(hidden)
 
-    def decode_cached(
-        self, decoder_input_ids: Array, kv: cache.KVCache, *, cpu_fast: bool = False
-    ) -> tuple[Array, cache.KVCache]:
+    def decode_cached(self, decoder_input_ids: Array, kv: cache.KVCache) -> tuple[Array, cache.KVCache]:
         """Decode ``decoder_input_ids [B, T]`` (usually T = 1) at the cache's positions.
 
         Returns logits ``[B, T, V]`` and the cache with these tokens' keys/values written and
-        ``index`` advanced by T. Pure: the input cache is not modified. ``cpu_fast`` (static):
-        the CPU decode fast path (``gqa_jax.cpu_step``) for every product of the step; the same
-        numbers to float rounding.
+        ``index`` advanced by T. Pure: the input cache is not modified.
         """
         y = self.shared(decoder_input_ids)
         hidden, self_kv = self.decoder(
@@ -329,10 +322,9 @@ class T5(nnx.Module):
             kv.cross_mask,
             self_kv=(kv.self_k, kv.self_v),
             index=kv.index,
-            cpu_fast=cpu_fast,
         )
         new = kv.replace(self_k=self_kv[0], self_v=self_kv[1], index=kv.index + decoder_input_ids.shape[1])
-        return self.logits(hidden, cpu_fast=cpu_fast), new
+        return self.logits(hidden), new
 
     def __call__(
         self,

@@ -53,26 +53,32 @@ def test_cached_equals_uncached_tokens_and_step_logits(model):
 
 
 def test_cpu_decode_loop_takes_weight_products_out_major():
-    """With ``DecodeConfig.cpu_fast_path`` the loop's step uses layers.project's out-major
-    products (the barriers are in the compiled loop); without it (the default) it keeps einsum.
-    ``use_for`` (what greedy_decode sets the option from) is on for one CPU device only."""
+    """Under ``DecodeConfig.kernel="cpu"`` the loop's step uses layers.project's out-major
+    products (the barriers are in the compiled loop); under "einsum" (the default) it keeps
+    einsum. ``kernel_for`` (what decode_config chooses by) gives "cpu" for one CPU device only."""
     # a 4096-token vocabulary: the output layer (32 x 4096) is big enough for the out-major path
     model = T5(preset("tiny", vocab_size=4096, num_kv_heads=2), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
-    for fast in (True, False):
-        config = DecodeConfig(max_decode_len=MAX, eos_id=1, cpu_fast_path=fast)
-        assert ("optimization_barrier" in decoding.decode_loop.lower(*args, config=config).as_text()) == fast
-    assert not DecodeConfig(max_decode_len=MAX).cpu_fast_path
+    for kernel in ("cpu", "einsum"):
+        config = DecodeConfig(max_decode_len=MAX, eos_id=1, kernel=kernel)
+        hlo = decoding.decode_loop.lower(*args, config=config).as_text()
+        assert ("optimization_barrier" in hlo) == (kernel == "cpu")
+    assert DecodeConfig(max_decode_len=MAX).kernel == "einsum"
     cpu, tpu = jax.devices()[0], SimpleNamespace(platform="tpu")
-    assert cpu_step.use_for(None) and cpu_step.use_for(SimpleNamespace(devices=np.full((1, 1), cpu)))
-    assert not cpu_step.use_for(SimpleNamespace(devices=np.full((2, 4), cpu)))  # a mesh of 8 devices
-    assert not cpu_step.use_for(SimpleNamespace(devices=np.full((1, 1), tpu)))  # one chip of a TPU slice
+
+    def mesh(shape, device):
+        return SimpleNamespace(devices=np.full(shape, device))
+
+    assert cpu_step.kernel_for(None) == "cpu" == cpu_step.kernel_for(mesh((1, 1), cpu))
+    assert cpu_step.kernel_for(mesh((2, 4), cpu)) == "einsum"  # a mesh of 8 devices
+    assert cpu_step.kernel_for(mesh((1, 1), tpu)) == "einsum"  # one chip of a TPU slice
+    assert decoding.decode_config(MAX).kernel == "cpu"  # one CPU device here
 
 
-def test_the_decode_entry_points_set_the_cpu_fast_path_on_the_host(monkeypatch):
-    """greedy_decode / sample_decode / beam_search resolve ``cpu_fast_path`` from
-    ``cpu_step.use_for(mesh)`` before calling the jitted loop (a static argument of it)."""
+def test_the_decode_entry_points_choose_the_kernel_on_the_host(monkeypatch):
+    """greedy_decode / sample_decode / beam_search take the kernel ``cpu_step.kernel_for(mesh)``
+    gives (through ``decode_config``) before calling the jitted loop (a static argument of it)."""
 
     class Called(Exception):
         pass
@@ -81,7 +87,7 @@ def test_the_decode_entry_points_set_the_cpu_fast_path_on_the_host(monkeypatch):
 
     def spy(name):
         def record(*args, **kwargs):
-            seen[name] = kwargs["config"].cpu_fast_path if "config" in kwargs else kwargs["cpu_fast_path"]
+            seen[name] = kwargs["config"].kernel
             raise Called
 
         return record
@@ -90,29 +96,31 @@ def test_the_decode_entry_points_set_the_cpu_fast_path_on_the_host(monkeypatch):
 
     monkeypatch.setattr(decoding, "decode_loop", spy("greedy"))
     monkeypatch.setattr(beam_lib, "_beam_loop", spy("beam"))
-    for fast in (True, False):
-        monkeypatch.setattr(cpu_step, "use_for", lambda mesh, fast=fast: fast)
+    for kernel in ("cpu", "einsum"):
+        monkeypatch.setattr(cpu_step, "kernel_for", lambda mesh, kernel=kernel: kernel)
         for run in (lambda m: decoding.greedy_decode(m, ENC, MAX), lambda m: beam_search(m, ENC, MAX)):
             with pytest.raises(Called):
                 run(tiny(2))
-        assert seen == {"greedy": fast, "beam": fast}
+        assert seen == {"greedy": kernel, "beam": kernel}
 
 
 def test_the_cpu_fast_path_gives_the_plain_loops_tokens(model, monkeypatch):
-    """decode_loop with ``cpu_fast_path`` off and on: the same tokens and lengths, logits equal to
+    """decode_loop under the "einsum" and the "cpu" kernel: the same tokens and lengths, logits equal to
     float rounding, and only the fast program has the out-major barriers (small weights allowed
     here, so every product of the step takes that path; G > 1 also attends head by head)."""
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)
     graphdef, params = nnx.split(model)
     args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
     out = {}
-    for fast in (False, True):
-        config = DecodeConfig(max_decode_len=MAX - 3, return_logits=True, cpu_fast_path=fast)  # a fresh trace
-        assert ("optimization_barrier" in decoding.decode_loop.lower(*args, config=config).as_text()) == fast
-        out[fast] = decoding.decode_loop(*args, config=config)
-    np.testing.assert_array_equal(np.asarray(out[True].tokens), np.asarray(out[False].tokens))
-    np.testing.assert_array_equal(np.asarray(out[True].lengths), np.asarray(out[False].lengths))
-    np.testing.assert_allclose(np.asarray(out[True].logits), np.asarray(out[False].logits), atol=1e-5, rtol=0)
+    for kernel in ("einsum", "cpu"):
+        config = DecodeConfig(max_decode_len=MAX - 3, return_logits=True, kernel=kernel)  # a fresh trace
+        hlo = decoding.decode_loop.lower(*args, config=config).as_text()
+        assert ("optimization_barrier" in hlo) == (kernel == "cpu")
+        out[kernel] = decoding.decode_loop(*args, config=config)
+    fast, plain = out["cpu"], out["einsum"]
+    np.testing.assert_array_equal(np.asarray(fast.tokens), np.asarray(plain.tokens))
+    np.testing.assert_array_equal(np.asarray(fast.lengths), np.asarray(plain.lengths))
+    np.testing.assert_allclose(np.asarray(fast.logits), np.asarray(plain.logits), atol=1e-5, rtol=0)
 
 
 def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch):
@@ -129,14 +137,18 @@ def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch)
     args = (graphdef, params, ids, jax.random.key(0), jnp.float32(0.0))
 
     def loops(n: int) -> int:  # while loops of the CPU decode loop's program at length n
-        config = DecodeConfig(max_decode_len=n, return_logits=True, cpu_fast_path=True)
+        config = DecodeConfig(max_decode_len=n, return_logits=True, kernel="cpu")
         return decoding.decode_loop.lower(*args, config=config).as_text().count("stablehlo.while")
 
     unchunked = loops(MAX - 2)  # lengths no other test traces: fresh traces
     monkeypatch.setattr(cpu_step, "ENCODE_CHUNK_TOKENS", ENC.shape[1])  # from here: one row per chunk
     n = MAX - 1
     assert loops(n) == unchunked + 1  # the encoder's map over chunks
-    batched, chunked = (decoding.prefill(model, ids, MAX, chunked=c) for c in (False, True))
+    graphdef, params = nnx.split(model)
+    batched, chunked = (
+        decoding.prefill(decoding.merged(graphdef, params, DecodeConfig(MAX, kernel=k)), ids, MAX)
+        for k in ("einsum", "cpu")
+    )
     for a, b in zip(jax.tree.leaves(batched), jax.tree.leaves(chunked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
     cached = decoding.greedy_decode(model, ENC, n, return_logits=True)
@@ -160,7 +172,7 @@ def test_finished_rows_emit_pad_and_loop_stops_early(model):
             jnp.asarray(ENC),
             jax.random.key(0),
             jnp.float32(0.0),
-            config=DecodeConfig(max_decode_len=MAX, cpu_fast_path=cpu_step.use_for(None)),  # greedy_decode's
+            config=decoding.decode_config(MAX),  # greedy_decode's
         )
         assert int(state.step) == lengths.max()
 

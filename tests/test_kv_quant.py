@@ -46,7 +46,7 @@ def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K, by_hea
     v = kv_quant.quantize(jax.random.normal(kv_, (B, K, S, H)), "int8")
     bias = jax.random.normal(kb, (N, 1, S))
     mask = jnp.arange(S)[None, None, :] < jnp.array([7, 4])[:, None, None]
-    got = grouped_attention(q, k, v, bias=bias, mask=mask, cpu_fast=by_head)
+    got = grouped_attention(q, k, v, bias=bias, mask=mask, kernel="cpu" if by_head else "einsum")
     want = grouped_attention(q, kv_quant.dequantize(k), kv_quant.dequantize(v), bias=bias, mask=mask)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 

@@ -81,18 +81,18 @@ def test_gated_gelu_mlp_matches_formula():
         ("BSD,DKH->BKSH", (8, 1, 16), (16, 2, 8)),  # key / value: K-major output
         ("BTNH,NHD->BTD", (8, 1, 4, 8), (4, 8, 16)),  # attention output
         ("BTD,VD->BTV", (8, 1, 16), (40, 16)),  # tied output layer, weight stored [V, D]
-        ("BTD,DF->BTF", (2, 3, 16), (16, 24)),  # 6 rows
+        ("BTD,DF->BTF", (6, 1, 16), (16, 24)),  # 6 rows
     ],
 )
 def test_project_out_major_equals_einsum(spec, x_shape, w_shape, monkeypatch):
-    """With ``cpu_fast=True``, few-row products are taken out-major: the same numbers as einsum;
-    without it (the default), project is einsum itself (the row range and small weights: the next
-    test)."""
+    """Under the ``"cpu"`` kernel, a decode step's few-row products are taken out-major: the same
+    numbers as einsum; under ``"einsum"`` (the default), project is einsum itself (the row range,
+    several positions and small weights: the next test)."""
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)  # these weights are small
     kx, kw = jax.random.split(jax.random.key(0))
     x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
     ref = jnp.einsum(spec, x, w)
-    fast = jax.jit(lambda x, w: project(spec, x, w, cpu_fast=True))
+    fast = jax.jit(lambda x, w: project(spec, x, w, kernel="cpu"))
     hlo = fast.lower(x, w).as_text()
     out = fast(x, w)
     assert "optimization_barrier" in hlo
@@ -104,11 +104,12 @@ def test_project_keeps_einsum_outside_the_row_range_and_for_small_weights(monkey
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)
     x, w = jnp.ones((1, 1, 16)), jnp.ones((16, 24))  # one row: XLA's matrix-vector path is faster
     big = jnp.ones((65, 1, 16))
-    for rows in (x, big):
+    positions = jnp.ones((2, 3, 16))  # 6 rows, but 3 positions a row: not a decode step (an encoder's)
+    for rows in (x, big, positions):
         assert (
             "optimization_barrier"
-            not in jax.jit(lambda x: project("BTD,DF->BTF", x, w, cpu_fast=True)).lower(rows).as_text()
+            not in jax.jit(lambda x: project("BTD,DF->BTF", x, w, kernel="cpu")).lower(rows).as_text()
         )
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 16 * 24 + 1)  # one element more than w has
-    hlo = jax.jit(lambda x: project("BTD,DF->BTF", x, w, cpu_fast=True)).lower(jnp.ones((8, 1, 16))).as_text()
+    hlo = jax.jit(lambda x: project("BTD,DF->BTF", x, w, kernel="cpu")).lower(jnp.ones((8, 1, 16))).as_text()
     assert "optimization_barrier" not in hlo

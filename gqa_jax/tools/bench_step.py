@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gqa_jax import cpu_step, decoding
-from gqa_jax.config import DecodeConfig, preset
+from gqa_jax import decoding
+from gqa_jax.config import preset
 from gqa_jax.tools.bench_models import NEVER_EOS, Split, build_models, parse_kv_heads, random_ids
 from gqa_jax.tools.info import attention_name
 from gqa_jax.tools.measurement import machine_info, md_table, measure, measure_read_bandwidth, probe_sizes
@@ -270,7 +270,7 @@ def profile_loop(split: Split, ids: np.ndarray, steps: int, runs: int = 3) -> di
     ids = jnp.asarray(ids, jnp.int32)
     key, temperature = jax.random.key(0), jnp.float32(0.0)
     # greedy, on the path greedy_decode takes here (the CPU fast path on one CPU device)
-    config = DecodeConfig(max_decode_len=steps, eos_id=NEVER_EOS, cpu_fast_path=cpu_step.use_for(None))
+    config = decoding.decode_config(steps, eos_id=NEVER_EOS)
     start = time.perf_counter()
     compiled = decoding.decode_loop.lower(graphdef, params, ids, key, temperature, config=config).compile()
     compile_s = time.perf_counter() - start

@@ -3,8 +3,9 @@ row emits exactly T tokens and every path is checked for it):
 
 - fused: ``decoding.greedy_decode`` (encoder + ``lax.while_loop`` in one jitted call) gives the
   end-to-end time, tokens/s and time per sample;
-- stepped: a jitted prefill, then the jitted ``decoding.decode_step`` called from Python and
-  blocked on after each step, gives TTFT and the per-step latencies (p50 / p95);
+- stepped: ``decoding.start`` (the prefill), then ``decoding.step`` called from Python and blocked
+  on after each step, gives TTFT and the per-step latencies (p50 / p95): the fused loop's programs,
+  with its settings and kernel (``decoding.decode_config``);
 - uncached: ``decoding.uncached_greedy_decode`` (every step re-runs the whole decoder), or its
   estimate where the full loop would take too long.
 """
@@ -22,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from gqa_jax import cache as kvcache
-from gqa_jax import cpu_step, decoding
+from gqa_jax import decoding
 from gqa_jax.tools.bench_models import NEVER_EOS, Split
 from gqa_jax.tools.measurement import measure, percentile
 
@@ -43,29 +44,16 @@ def bench_fused(
     return {**timing, "tokens": np.asarray(result.tokens)}
 
 
-def _prefill_state(
-    graphdef: Any, T: int, cache_dtype: str | None, params: Any, ids: jax.Array, key: jax.Array
-):
-    model = nnx.merge(graphdef, params)
-    cache = decoding.prefill(
-        model, ids, T, chunked=cpu_step.use_for(None), cache_dtype=cache_dtype
-    )  # as greedy_decode's
-    return decoding.init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=False)
-
-
-def _step(graphdef: Any, params: Any, state: Any):
-    return decoding.decode_step(nnx.merge(graphdef, params), state, eos_id=NEVER_EOS)
-
-
 def bench_stepped(
     split: Split, ids: np.ndarray, T: int, runs: int, cache_dtype: str | None = None
 ) -> dict[str, Any]:
     """TTFT (jitted prefill + first jitted step, median of ``runs``), then the remaining T - 1
     steps of the last run one by one: per-step latencies, and the cache bytes measured."""
     graphdef, params = split
-    prefill = jax.jit(functools.partial(_prefill_state, graphdef, T, cache_dtype))
-    step = jax.jit(functools.partial(_step, graphdef), donate_argnums=1)  # the cache is updated in place
-    ids, key = jnp.asarray(ids), jax.random.key(0)
+    config = decoding.decode_config(T, eos_id=NEVER_EOS, cache_dtype=cache_dtype)  # greedy_decode's
+    prefill = functools.partial(decoding.start, graphdef, config=config)
+    step = functools.partial(decoding.step, graphdef, config=config)  # the state donated
+    ids, key, greedy = jnp.asarray(ids), jax.random.key(0), jnp.float32(0.0)
 
     def timed(fn, *args):
         start = time.perf_counter()
@@ -73,16 +61,16 @@ def bench_stepped(
         return out, time.perf_counter() - start
 
     state, prefill_first = timed(prefill, params, ids, key)
-    state, step_first = timed(step, params, state)
+    state, step_first = timed(step, params, state, greedy)
     prefill_times, ttfts = [], []
     for _ in range(runs):
         state, t_prefill = timed(prefill, params, ids, key)
-        state, t_step = timed(step, params, state)
+        state, t_step = timed(step, params, state, greedy)
         prefill_times.append(t_prefill)
         ttfts.append(t_prefill + t_step)
     latencies = []
     for _ in range(T - 1):
-        state, t_step = timed(step, params, state)
+        state, t_step = timed(step, params, state, greedy)
         latencies.append(t_step)
     if int(state.step) != T or not (np.asarray(state.lengths) == T).all():
         raise RuntimeError(f"stepped decoding ran {int(state.step)} steps, expected {T}")

@@ -60,10 +60,10 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gqa_jax import cache as kvcache
-from gqa_jax import cpu_step, decoding, kv_quant, training
+from gqa_jax import decoding, kv_quant, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import DecodeConfig, ModelConfig, preset
+from gqa_jax.config import ModelConfig, preset
 from gqa_jax.model import EOS_ID
 from gqa_jax.tools import tpu_topology
 from gqa_jax.tools.batch_search import search_batch
@@ -284,8 +284,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     start = time.perf_counter()
     lowered = decoding.decode_loop.lower(
         setup.decode_graphdef, setup.decode_params, ids, key, temperature,
-        config=DecodeConfig(max_decode_len=s.output_len, eos_id=EOS_ID, cache_dtype=s.cache_dtype,
-                            cpu_fast_path=cpu_step.use_for(mesh)),  # as greedy_decode on this mesh
+        config=decoding.decode_config(s.output_len, mesh=mesh, eos_id=EOS_ID, cache_dtype=s.cache_dtype),
         mesh=mesh, rules=None,
     )  # fmt: skip
     try:

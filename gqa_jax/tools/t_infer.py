@@ -12,7 +12,7 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
   ``tools.measurement.measure``: one warm-up call (compile) excluded, then ``runs`` calls each ended by
   ``block_until_ready``; time per sample = median end-to-end time / batch. Inputs and parameters
   are on the devices before the clock starts. What the time is made of: the prefill alone (encoder
-  + cross K/V projection + the empty cache, ``decoding.prefill`` jitted as the loop runs it) timed
+  + cross K/V projection + the empty cache: ``decoding.start``, the loop's own first program) timed
   by the same rule, so ``prefill_per_sample_s`` and ``steps_per_sample_s`` (time per sample less
   the prefill's: the decoder's steps) say whether a time is the encoder's or the cache's.
 - The batch: given, or ``auto`` = the largest that fits ``hbm_gib`` per device by the memory plan
@@ -24,7 +24,6 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import tempfile
 import time
@@ -36,7 +35,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from gqa_jax import cpu_step, decoding, kv_quant
+from gqa_jax import decoding, kv_quant
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
@@ -252,7 +251,7 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
         raise RuntimeError(
             f"greedy_decode emitted {lengths.tolist()} tokens per row, expected {s.output_len}"
         )
-    prefill_timing = time_prefill(graphdef, params, ids, s, mesh)
+    prefill_timing = time_prefill(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
     per_sample, prefill_per_sample = timing["median_s"] / batch, prefill_timing["median_s"] / batch
     record = {
         "time_per_sample_s": per_sample,
@@ -278,21 +277,15 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
     return record
 
 
-def time_prefill(graphdef: Any, params: Any, ids: Any, s: TimeSettings, mesh: Any) -> dict[str, Any]:
-    """``measure``'s timing of the decode loop's prefill alone, with greedy_decode's options."""
-    fast = cpu_step.use_for(mesh)  # as greedy_decode chooses it
-    timing, _ = measure(
-        lambda: _prefill(graphdef, params, ids, s.output_len, s.cache_dtype, fast, mesh), s.runs
-    )
+def time_prefill(
+    graphdef: Any, params: Any, ids: Any, output_len: int, cache_dtype: str | None, runs: int, mesh: Any
+) -> dict[str, Any]:
+    """``measure``'s timing of the decode loop's prefill alone (``decoding.start``, with
+    ``greedy_decode``'s settings on ``mesh``)."""
+    config = decoding.decode_config(output_len, mesh=mesh, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
+    key = jax.random.key(0)
+    timing, _ = measure(lambda: decoding.start(graphdef, params, ids, key, config=config, mesh=mesh), runs)
     return timing
-
-
-@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5, 6))
-def _prefill(graphdef: Any, params: Any, ids: Any, output_len: int, cache_dtype, fast: bool, mesh: Any):
-    """The decode loop's prefill alone (``decoding.decode_loop``'s first part, same options)."""
-    with decoding.mesh_context(mesh, None):
-        model = nnx.merge(graphdef, params)
-        return decoding.prefill(model, ids, output_len, chunked=fast, cache_dtype=cache_dtype)
 
 
 def write_atomic(record: dict[str, Any], path: Path) -> None:

@@ -6,9 +6,9 @@ compiler on this host (``tools.tpu_topology``) compiles the two programs a decod
 TPU would run them, for a mesh over the slice's devices:
 
 - the prefill: encoder, every layer's cross-attention K/V projected once into the cache, the empty
-  self-attention cache and the loop's state (``decoding.prefill`` + ``decoding.init_state``);
-- one decode step: every row's next token, its K/V written into the cache (``decoding.decode_step``,
-  the state donated). A step's shapes do not depend on its position (it attends over the whole
+  self-attention cache and the loop's state (``decoding.start``);
+- one decode step: every row's next token, its K/V written into the cache (``decoding.step``, the
+  state donated). A step's shapes do not depend on its position (it attends over the whole
   ``T_max`` cache, masked), so every step costs the same.
 
 Each program's ``cost_analysis()`` gives one device's flops and bytes accessed (the partitioned
@@ -35,7 +35,6 @@ bound of what crosses HBM when operands stay in on-chip memory.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +42,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gqa_jax import decoding, training
@@ -85,20 +83,6 @@ def roofline(c: dict[str, float], chip: tpu_topology.Chip) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the programs
-def _prefill_state(graphdef: Any, params: Any, ids: Any, key: Any, output_len: int, cache_dtype, mesh):
-    """The decode loop's first part: prefill and the loop's initial state (as ``decode_loop``)."""
-    with decoding.mesh_context(mesh, None):
-        model = nnx.merge(graphdef, params)
-        cache = decoding.prefill(model, ids, output_len, chunked=False, cache_dtype=cache_dtype)
-        return decoding.init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=False)
-
-
-def _step(graphdef: Any, mesh: Any, params: Any, state: Any) -> Any:
-    """One greedy decode step, as ``decode_loop`` runs it (EOS never ends a row)."""
-    with decoding.mesh_context(mesh, None):
-        return decoding.decode_step(nnx.merge(graphdef, params), state, eos_id=NEVER_EOS)
-
-
 @dataclasses.dataclass
 class _Mesh:
     """One mesh of the slice and its abstract parameters (shapes and shardings only)."""
@@ -146,19 +130,23 @@ def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str,
     replicated = NamedSharding(m.mesh, PartitionSpec())
     ids = jax.ShapeDtypeStruct((batch, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
+    # greedy, EOS never ends a row: every step costs the same (the decode loop's programs, its kernel)
+    config = decoding.decode_config(s.output_len, mesh=m.mesh, eos_id=NEVER_EOS, cache_dtype=s.cache_dtype)
     out: dict[str, Any] = {"batch": batch}
     start = time.perf_counter()
-    prefill = jax.jit(_prefill_state, static_argnums=(0, 4, 5, 6))
     compiled, refused = _compile(
-        prefill.lower(m.graphdef, m.params, ids, key, s.output_len, s.cache_dtype, m.mesh)
+        decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.mesh)
     )
     out["prefill"] = _program(compiled, refused, time.perf_counter() - start)
     if compiled is None:
         out["step"] = {"refused": "not compiled: the prefill was refused", "total": out["prefill"]["total"]}
     else:
         start = time.perf_counter()
-        step = jax.jit(functools.partial(_step, m.graphdef, m.mesh), donate_argnums=1)
-        step_compiled, refused = _compile(step.lower(m.params, compiled.out_info))
+        lowered = decoding.step.lower(
+            m.graphdef, m.params, compiled.out_info, temperature, config=config, mesh=m.mesh
+        )
+        step_compiled, refused = _compile(lowered)
         out["step"] = _program(step_compiled, refused, time.perf_counter() - start)
     out["total"] = max(out["prefill"]["total"], out["step"]["total"])
     m.compiled[batch] = out

@@ -1,0 +1,132 @@
+"""Before a decode program runs: the model in either form, the inputs checked on the host, and the
+parameters and rows placed on a mesh. ``decoding`` and ``beam_search`` call these; nothing here
+is traced except ``mesh_context``, which a jitted decode program enters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gqa_jax import cache as kvcache
+from gqa_jax import sharding as sharding_lib
+from gqa_jax.config import ModelConfig
+from gqa_jax.log import log_once
+from gqa_jax.model import T5
+
+Array = jax.Array
+ModelLike = T5 | tuple[Any, Any]  # a T5 module, or nnx.split(model)
+
+
+def as_split(model: ModelLike) -> tuple[Any, Any]:
+    return nnx.split(model) if isinstance(model, T5) else model
+
+
+def config_of(model: ModelLike) -> ModelConfig:
+    return model.config if isinstance(model, T5) else nnx.merge(*model).config
+
+
+def mesh_context(mesh: Any, rules: Any) -> Any:
+    """Inside a jitted core: the activation-sharding context of a static ``(mesh, rules)``."""
+    if mesh is None:
+        return contextlib.nullcontext()
+    return sharding_lib.activation_sharding(mesh, dict(rules) if rules else sharding_lib.RULES)
+
+
+def place(
+    params: Any,
+    ids: Array,
+    mesh: Any,
+    rules: Any,
+    config: Any,
+    max_decode_len: int,
+    beams: int = 1,
+    cache_dtype: str | None = None,
+) -> tuple[Any, Array]:
+    """Params by the rule table and input rows over ``data`` (a no-op for arrays already placed);
+    logs the cache's replication when its K/V heads cannot split over ``model``."""
+    if mesh is None:
+        return params, ids
+    rules = dict(rules) if rules else sharding_lib.RULES
+    sharding_lib.check_rules(rules, mesh)
+    sharding_lib.check_batch({"encoder_input_ids": ids}, mesh)
+    params = sharding_lib.shard_params(params, mesh, rules)
+    _, replicated = kvcache.cache_layout(
+        config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, cache_dtype or config.dtype, rules
+    )
+    if replicated:  # the paper's section 2.2 waste, stated once per shape
+        log_once(
+            (config, mesh.shape_tuple, ids.shape, max_decode_len, beams),
+            f"KV cache on mesh {dict(mesh.shape)}: " + sharding_lib.replication_report(replicated),
+        )
+    if not (isinstance(ids, jax.Array) and not ids.is_fully_addressable):
+        ids = jax.device_put(ids, sharding_lib.batch_sharding(mesh))
+    return params, ids
+
+
+def validate_inputs(
+    config, encoder_input_ids: Any, max_decode_len: int, *, max_input_len: int | None, truncate: bool
+) -> Array:
+    """Check decoding inputs on the host; returns the (possibly truncated) ids as int32.
+    A global array spread over several processes is checked on this process's rows, and is
+    never truncated here (cut the rows before building it)."""
+    ids = encoder_input_ids
+    spread = isinstance(ids, jax.Array) and not ids.is_fully_addressable
+    if not spread:
+        try:
+            ids = np.asarray(ids)
+        except ValueError as e:  # ragged Python lists
+            raise ValueError(
+                "encoder_input_ids must be a rectangular [batch, length] array; rows of different "
+                f"lengths must be padded with 0 to one length ({e})"
+            ) from e
+    if ids.ndim != 2:
+        raise ValueError(f"encoder_input_ids must be [batch, length]; got shape {ids.shape}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"empty input: encoder_input_ids has shape {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"encoder_input_ids must be integer token ids; got dtype {ids.dtype}")
+    for rows in [np.asarray(s.data) for s in ids.addressable_shards] if spread else [ids]:
+        if rows.size and (rows.min() < 0 or rows.max() >= config.vocab_size):
+            raise ValueError(
+                f"encoder_input_ids has ids outside the vocabulary [0, {config.vocab_size}): "
+                f"min {rows.min()}, max {rows.max()}"
+            )
+    if not isinstance(max_decode_len, int | np.integer) or max_decode_len < 1:
+        raise ValueError(f"max_decode_len={max_decode_len!r} must be an integer >= 1")
+    if max_input_len is not None and ids.shape[1] > max_input_len:
+        if not truncate or spread:
+            raise ValueError(
+                f"inputs of length {ids.shape[1]} exceed max_input_len={max_input_len}; "
+                "shorten them or pass truncate=True to cut them explicitly (not for an array "
+                "spread over processes: cut its rows before building it)"
+            )
+        ids = ids[:, :max_input_len]
+    return ids.astype(jnp.int32) if spread else jnp.asarray(ids, jnp.int32)
+
+
+def check_sampling(temperature: Any, top_k: Any, top_p: Any, vocab_size: int) -> None:
+    """Sampling settings on the host: a NaN or infinite temperature would silently give pad
+    tokens, a top_k above the vocabulary fails inside the compiled loop."""
+
+    def number(x: Any) -> float:  # Python, numpy or 0-d JAX scalars; NaN for anything else
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            return float("nan")
+
+    problems = []
+    t = number(temperature)
+    if not np.isfinite(t) or t < 0:
+        problems.append(f"temperature={temperature!r} must be a finite number >= 0 (0 is greedy)")
+    if not isinstance(top_k, int | np.integer) or isinstance(top_k, bool) or not 0 <= top_k <= vocab_size:
+        problems.append(f"top_k={top_k!r} must be an integer in [0, {vocab_size}] (0: no top-k)")
+    if not 0.0 < number(top_p) <= 1.0:  # NaN fails this too
+        problems.append(f"top_p={top_p!r} must be in (0, 1]")
+    if problems:
+        raise ValueError("sample_decode: " + "; ".join(problems))

@@ -13,7 +13,7 @@ from gqa_jax import model as model_lib
 from gqa_jax.cli import options
 from gqa_jax.cli import time as time_cli
 from gqa_jax.config import preset
-from gqa_jax.tools import plan
+from gqa_jax.tools import decode_floor, plan
 from gqa_jax.tools import t_infer as td
 
 SHAPE = ["--input-len", "16", "--output-len", "8", "--runs", "2", "--dtype", "float32"]
@@ -38,14 +38,23 @@ def test_given_batch_writes_every_field_and_refuses_to_overwrite(tmp_path, capsy
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "per sample" in lines[0] and "timing.json" in lines[0]
     record = json.loads((workdir / "timing.json").read_text())
-    assert tuple(record) == td.FIELDS
+    assert tuple(record) == td.FIELDS + td.STEPS_FIELDS
     assert len(record["times_s"]) == 2 and all(t > 0 for t in record["times_s"])
     assert record["time_per_sample_s"] == pytest.approx(statistics.median(record["times_s"]) / 2)
     prefill = record["prefill_times_s"]  # the prefill alone, timed by the same rule
     assert len(prefill) == 2 and all(t > 0 for t in prefill)
     assert record["prefill_per_sample_s"] == pytest.approx(statistics.median(prefill) / 2)
-    steps = record["time_per_sample_s"] - record["prefill_per_sample_s"]
-    assert record["steps_per_sample_s"] == pytest.approx(steps)
+    steps = record["steps_times_s"]  # the step loop alone, on a prefilled state: measured, its own repeats
+    assert len(steps) == 2 and all(t > 0 for t in steps)
+    assert record["steps_per_sample_s"] == pytest.approx(statistics.median(steps) / 2)
+    # the bytes model: tiny K=2 at batch 2, 16 in / 8 out, float32: 2 layers x K/V x 2 heads x 8 x 4 B
+    # per row and token, self over the 8 output slots, cross over the 16 input tokens
+    per_token = 2 * 2 * 2 * 8 * 4
+    read = record["step_bytes"]
+    assert (read["self_cache"], read["cross_cache"]) == (2 * 8 * per_token, 2 * 16 * per_token)
+    model = model_lib.build(preset("tiny", num_kv_heads=2, dtype="float32"), seed=0)
+    weights = decode_floor.step_reads(model, model.config, 2)["weight_bytes"]
+    assert read["weights"] == weights and read["total"] == weights + read["self_cache"] + read["cross_cache"]
     assert record["batch"] == 2 and record["batch_rule"] == td.RULE_GIVEN == "given"
     assert (record["input_len"], record["output_len"]) == (16, 8)
     assert (record["preset"], record["num_heads"], record["num_kv_heads"]) == ("tiny", 4, 2)

@@ -2,9 +2,9 @@
 on this machine, from the bytes and FLOPs counted on the model's parameters and the probes of
 ``measurement`` (read bandwidth, matmul rate).
 
-- step floor = max(bytes / bandwidth, FLOPs / rate), with bytes = the decoder-side weights a step
-  reads (:func:`step_reads`) + the whole self-attention cache (all T allocated slots are read
-  every step) + every layer's cross K/V;
+- step floor = max(bytes / bandwidth, FLOPs / rate), with bytes (:func:`step_bytes`, also the
+  ``time`` stage's bytes model) = the decoder-side weights a step reads (:func:`step_reads`) + the
+  whole self-attention cache (all T allocated slots are read every step) + every layer's cross K/V;
 - prefill floor = (encoder + cross K/V projection) FLOPs / rate (:func:`prefill_flops`);
 - end-to-end floor = prefill floor + T x step floor.
 """
@@ -42,6 +42,17 @@ def step_reads(model: T5, config: ModelConfig, batch: int) -> dict[str, int]:
     return {"weight_bytes": weights, "weight_flops": flops}
 
 
+def step_bytes(model: T5, config: ModelConfig, batch: int, cache_bytes: dict[str, int]) -> dict[str, int]:
+    """The bytes one decode step of ``batch`` rows must read: the weights of :func:`step_reads`
+    plus the whole allocated cache (all T slots of the self-attention K/V, masked or not; every
+    layer's cross K/V); ``cache_bytes`` as ``cache.cache_bytes`` / ``cache.expected_cache_bytes``
+    give them. The bytes side of the floor, and the time stage's bytes model."""
+    weights = step_reads(model, config, batch)["weight_bytes"]
+    total = weights + cache_bytes["self"] + cache_bytes["cross"]
+    return {"weights": weights, "self_cache": cache_bytes["self"], "cross_cache": cache_bytes["cross"],
+            "total": total}  # fmt: skip
+
+
 def prefill_flops(model: T5, config: ModelConfig, batch: int, input_len: int) -> int:
     """Matmul FLOPs of prefill: the encoder (projections, MLPs, attention scores and values) and
     the decoder's one-time cross-attention K/V projections. Norms and biases are ignored."""
@@ -73,19 +84,19 @@ def floor_row(
     reads = step_reads(model, config, batch)
     N, H, L = config.num_heads, config.head_dim, config.num_decoder_layers
     attn_flops = 4 * batch * N * H * (new_tokens + input_len) * L  # scores + values, self and cross
-    step_bytes = reads["weight_bytes"] + cache_bytes["self"] + cache_bytes["cross"]
+    read = step_bytes(model, config, batch, cache_bytes)["total"]
     step_flops = reads["weight_flops"] + attn_flops
-    step_floor = max(step_bytes / (bandwidth_gb_s * 1e9), step_flops / (gflop_s * 1e9))
+    step_floor = max(read / (bandwidth_gb_s * 1e9), step_flops / (gflop_s * 1e9))
     p_flops = prefill_flops(model, config, batch, input_len)
     prefill_floor = p_flops / (gflop_s * 1e9)
     return {
         "weight_bytes": reads["weight_bytes"],
         "self_cache_bytes": cache_bytes["self"],
         "cross_cache_bytes": cache_bytes["cross"],
-        "step_bytes": step_bytes,
+        "step_bytes": read,
         "step_flops": step_flops,
         "step_floor_s": step_floor,
-        "step_bound": "bandwidth" if step_bytes / bandwidth_gb_s >= step_flops / gflop_s else "compute",
+        "step_bound": "bandwidth" if read / bandwidth_gb_s >= step_flops / gflop_s else "compute",
         "prefill_flops": p_flops,
         "prefill_floor_s": prefill_floor,
         "e2e_floor_s": prefill_floor + new_tokens * step_floor,

@@ -35,19 +35,24 @@ BIG_MATRIX_ACCELERATOR = 256 * 2**20  # nor in a GPU's L2 (60 MB on an H200) or 
 
 
 # ---------------------------------------------------------------------------------- timing
-def measure(fn: Callable[[], Any], runs: int) -> tuple[dict[str, Any], Any]:
+def measure(
+    fn: Callable[..., Any], runs: int, prepare: Callable[[], Any] | None = None
+) -> tuple[dict[str, Any], Any]:
     """Call ``fn`` once (compile + warm-up, excluded), then ``runs`` times; block on each result.
+    With ``prepare``, each call is ``fn(prepare())``, its argument made and blocked on before the
+    clock starts (a fresh input for a program that donates it).
 
     Returns ``({"median_s", "times_s", "first_s", "compile_s", "runs"}, first result)``.
     """
-    start = time.perf_counter()
-    first = jax.block_until_ready(fn())
-    first_s = time.perf_counter() - start
-    times = []
-    for _ in range(runs):
+
+    def call() -> tuple[float, Any]:
+        args = () if prepare is None else (jax.block_until_ready(prepare()),)
         start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
+        out = jax.block_until_ready(fn(*args))
+        return time.perf_counter() - start, out
+
+    first_s, first = call()
+    times = [call()[0] for _ in range(runs)]
     median = statistics.median(times)
     timing = {"median_s": median, "times_s": times, "first_s": first_s, "runs": runs}
     timing["compile_s"] = max(first_s - median, 0.0)

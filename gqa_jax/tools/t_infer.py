@@ -13,8 +13,14 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
   ``block_until_ready``; time per sample = median end-to-end time / batch. Inputs and parameters
   are on the devices before the clock starts. What the time is made of: the prefill alone (encoder
   + cross K/V projection + the empty cache: ``decoding.start``, the loop's own first program) timed
-  by the same rule, so ``prefill_per_sample_s`` and ``steps_per_sample_s`` (time per sample less
-  the prefill's: the decoder's steps) say whether a time is the encoder's or the cache's.
+  by the same rule, and the decoder's steps alone: each repeat runs the prefill untimed, blocks,
+  then times ``decoding.finish`` (the step loop) on that prefilled state (``steps_times_s``;
+  ``steps_per_sample_s`` = their median / batch). So ``prefill_per_sample_s`` and
+  ``steps_per_sample_s`` say whether a time is the encoder's or the cache's, each measured (not
+  one as the difference of two medians).
+- The bytes model (``step_bytes``): what one decoder step of the batch must read, the weights and
+  the whole cache at the batch and lengths (``tools.decode_floor.step_bytes``, the bytes side of
+  ``bench decode``'s floor; the cache by ``cache.expected_cache_bytes``), over all devices.
 - The batch: given, or ``auto`` = the largest that fits ``hbm_gib`` per device by the memory plan
   (``tools.plan``'s decode program, compiled ahead of time), at most 32 per device. With several
   devices the rows split over a ``data`` mesh axis of all of them (parameters replicated), so the
@@ -32,15 +38,18 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gqa_jax import cache as kvcache
 from gqa_jax import decoding, kv_quant
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
 from gqa_jax.tools.bench_models import NEVER_EOS, random_ids
 from gqa_jax.tools.compiled_memory import GIB
+from gqa_jax.tools.decode_floor import step_bytes
 from gqa_jax.tools.measurement import machine_info, measure, write_json
 
 TIMING_FILE = "timing.json"
@@ -53,6 +62,9 @@ FIELDS = (
     "batch", "batch_rule", "input_len", "output_len", "preset", "num_heads", "num_kv_heads", "dtype",
     "cache_dtype", "weights", "machine",
 )  # fmt: skip
+# The measured record's, after FIELDS (older records and predictions have none: the report says so):
+# steps_times_s, the step loop's repeats (seconds per batch); step_bytes, the bytes model of one step.
+STEPS_FIELDS = ("steps_times_s", "step_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +237,8 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
         batch, rule = s.batch, RULE_GIVEN
     if model is None:
         model = model_lib.build(config, seed=s.seed)
+    cache = kvcache.expected_cache_bytes(config, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype)
+    read = step_bytes(model, config, batch, cache)
     graphdef, params = nnx.split(model)
     ids = random_ids(config.vocab_size, batch, s.input_len, s.seed)
     devices = jax.device_count()
@@ -252,13 +266,13 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
             f"greedy_decode emitted {lengths.tolist()} tokens per row, expected {s.output_len}"
         )
     prefill_timing = time_prefill(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
-    per_sample, prefill_per_sample = timing["median_s"] / batch, prefill_timing["median_s"] / batch
+    steps_timing = time_steps(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
     record = {
-        "time_per_sample_s": per_sample,
+        "time_per_sample_s": timing["median_s"] / batch,
         "times_s": list(timing["times_s"]),
-        "prefill_per_sample_s": prefill_per_sample,
+        "prefill_per_sample_s": prefill_timing["median_s"] / batch,
         "prefill_times_s": list(prefill_timing["times_s"]),
-        "steps_per_sample_s": per_sample - prefill_per_sample,
+        "steps_per_sample_s": steps_timing["median_s"] / batch,
         "batch": batch,
         "batch_rule": rule,
         "input_len": s.input_len,
@@ -270,8 +284,10 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
         "cache_dtype": s.cache_dtype or s.dtype,
         "weights": weights,
         "machine": machine_info(),
+        "steps_times_s": list(steps_timing["times_s"]),
+        "step_bytes": read,
     }
-    assert tuple(record) == FIELDS
+    assert tuple(record) == FIELDS + STEPS_FIELDS
     write_atomic(record, out)
     log(f"compile + first call {timing['first_s']:.2f} s (compile ~{timing['compile_s']:.2f} s, excluded)")
     return record
@@ -285,6 +301,27 @@ def time_prefill(
     config = decoding.decode_config(output_len, mesh=mesh, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
     key = jax.random.key(0)
     timing, _ = measure(lambda: decoding.start(graphdef, params, ids, key, config=config, mesh=mesh), runs)
+    return timing
+
+
+def time_steps(
+    graphdef: Any, params: Any, ids: Any, output_len: int, cache_dtype: str | None, runs: int, mesh: Any
+) -> dict[str, Any]:
+    """``measure``'s timing of the decoder's steps alone: each call runs the prefill
+    (``decoding.start``) untimed and blocks on it, then times ``decoding.finish`` (the step loop,
+    which donates its state: a fresh one per call) until ``output_len`` tokens are out."""
+    config = decoding.decode_config(output_len, mesh=mesh, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
+    key, temperature = jax.random.key(0), jnp.float32(0.0)
+
+    def steps(state: Any) -> Any:
+        return decoding.finish(graphdef, params, state, temperature, config=config, mesh=mesh)
+
+    timing, state = measure(
+        steps, runs, prepare=lambda: decoding.start(graphdef, params, ids, key, config=config, mesh=mesh)
+    )
+    lengths = np.asarray(state.lengths)
+    if not (lengths == output_len).all():
+        raise RuntimeError(f"the step loop emitted {lengths.tolist()} tokens per row, expected {output_len}")
     return timing
 
 

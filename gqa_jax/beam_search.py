@@ -63,13 +63,11 @@ def _beam_body(model, encoder_input_ids, *, config: DecodeConfig, beam_size, alp
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
     # encode B rows once, then repeat the cache for W beams per row
     cache = decoding.prefill(model, encoder_input_ids, max_decode_len, cache_dtype=config.cache_dtype)
-    cache = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), cache)
+    rows_of = ("self_k", "self_v", "cross_k", "cross_v", "cross_mask")  # the shared index stays
     cache = cache.replace(
-        **{
-            f: tuple(map(kv_quant.constrain, getattr(cache, f)))
-            for f in ("self_k", "self_v", "cross_k", "cross_v")
-        }
+        **{f: jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), getattr(cache, f)) for f in rows_of}
     )
+    cache = cache.replace(**{f: tuple(map(kv_quant.constrain, getattr(cache, f))) for f in rows_of[:4]})
     neg_inf = jnp.full((B, W), -jnp.inf)
     state = BeamState(
         cache=cache,

@@ -1,4 +1,4 @@
-"""KV cache of the T5 decoder: the cache pytree, its per-row update, and byte accounting.
+"""KV cache of the T5 decoder: the cache pytree, its update at one shared index, and byte accounting.
 
 Letters: ``B`` batch, ``S`` encoder (input) length, ``T`` decoder (output) length, ``N`` query
 heads, ``K`` K/V heads, ``H`` head dim, ``L`` decoder layers.
@@ -8,6 +8,10 @@ A decoder layer caches keys and values for two attentions, both at ``K`` heads (
 - self-attention: ``[B, K, T, H]`` keys + values per layer, ``K = config.kv_heads("decoder_self")``;
 - cross-attention: ``[B, K, S, H]`` keys + values per layer over the encoder output,
   ``K = config.kv_heads("cross")``, computed once per input.
+
+Every row writes at one shared position ``index`` (a scalar): T5's decoder starts every row at
+position 0 and the rows step together, so one ``dynamic_update_slice`` writes the whole batch's new
+K/V (as T5X and MaxText do), never a per-row scatter, which a TPU compiles to a loop over rows.
 
 So (the paper's section 2) ``bytes = 2 (K and V) x L x B x length x K x H x itemsize``: doubling a length
 doubles its part, halving ``K`` halves it, and GQA-K holds ``K / N`` of the MHA bytes. A quantized
@@ -94,7 +98,7 @@ class KVCache:
     """Decoder KV cache, an explicit pytree passed into and returned from every decode step.
 
     ``self_k`` / ``self_v``: one ``[B, K_self, T_max, H]`` array per decoder layer, written at
-    ``index`` (per row: the next position to write). ``cross_k`` / ``cross_v``: one
+    ``index`` (a scalar, the next position every row writes). ``cross_k`` / ``cross_v``: one
     ``[B, K_cross, S, H]`` array per layer, projected ONCE from the encoder output at prefill
     (T5X re-projects them at every step). ``cross_mask [B, S]``: False at encoder padding.
     A quantized cache holds a ``kv_quant.QuantizedKV`` (values + scales) in place of each array.
@@ -105,7 +109,7 @@ class KVCache:
     cross_k: tuple[Entry, ...]
     cross_v: tuple[Entry, ...]
     cross_mask: Array
-    index: Array  # [B] int32
+    index: Array  # [] int32, shared by every row
 
     @property
     def max_decode_len(self) -> int:
@@ -136,17 +140,19 @@ def store(x: Array, dtype: Any) -> Entry:
 
 
 def write(cache: Entry, new: Array, index: Array) -> Entry:
-    """Write ``new [B, K, T, H]`` into ``cache [B, K, T_max, H]`` at each row's ``index [B]``
-    (a quantized cache: the new rows quantized, their values and scales written)."""
-    update = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))
+    """Write ``new [B, K, T, H]`` into ``cache [B, K, T_max, H]`` at positions ``index + 0..T-1``
+    of every row (``index`` a scalar): one ``dynamic_update_slice`` for the batch. A quantized
+    cache: the new rows quantized, their values and scales written at the same place."""
+
+    def update(c: Array, x: Array) -> Array:
+        return jax.lax.dynamic_update_slice(c, x.astype(c.dtype), (0, 0, index, 0))
+
     if isinstance(cache, kv_quant.QuantizedKV):
         q = kv_quant.quantize(new, cache.values.dtype.name)
         return kv_quant.constrain(
-            kv_quant.QuantizedKV(
-                values=update(cache.values, q.values, index), scale=update(cache.scale, q.scale, index)
-            )
+            kv_quant.QuantizedKV(values=update(cache.values, q.values), scale=update(cache.scale, q.scale))
         )
-    return sharding.constrain(update(cache, new.astype(cache.dtype), index), "kv")
+    return sharding.constrain(update(cache, new), "kv")
 
 
 def cache_bytes(cache: KVCache) -> dict[str, int]:

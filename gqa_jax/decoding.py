@@ -147,12 +147,12 @@ def prefill(
         cross_k=cross_k,
         cross_v=cross_v,
         cross_mask=encoder_input_ids != PAD_ID,
-        index=jnp.zeros((B,), jnp.int32),
+        index=jnp.zeros((), jnp.int32),  # one position for every row
     )
 
 
 def init_state(cache: kvcache.KVCache, key: Array, *, vocab_size: int, return_logits: bool) -> DecodeState:
-    B, T_max = cache.index.shape[0], cache.max_decode_len
+    B, T_max = cache.cross_mask.shape[0], cache.max_decode_len
     return DecodeState(
         cache=cache,
         tokens=jnp.full((B, T_max), PAD_ID, jnp.int32),

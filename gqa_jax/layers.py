@@ -161,9 +161,8 @@ class RelativePositionBias(nnx.Module):
     def __call__(self, query_positions: Array, key_positions: Array) -> Array:
         """Positions ``[..., T]`` and ``[S]`` -> bias ``[..., N, T, S]`` (float32).
 
-        Teacher forcing passes ``[T]`` (one bias for the batch); a cached decode step passes
-        each row's own query positions ``[B, T]`` and gets ``[B, N, T, S]``.
-        """
+        Teacher forcing passes ``[T]``, a cached decode step the positions ``index + 0..T-1`` its
+        rows share (``[T]`` too): one bias for the batch."""
         rel = key_positions - query_positions[..., :, None]  # [..., T, S]
         buckets = relative_position_bucket(
             rel,

@@ -144,8 +144,8 @@ class DecoderLayer(nnx.Module):
         ``[N, T, S']`` or ``[B, N, T, S']``; ``self_mask`` broadcastable to ``[B, T, S']``;
         ``cross_mask [B, 1, S]``. Without ``self_kv`` the keys are these T positions
         (``S' = T``); with ``self_kv`` (``[B, K, T_max, H]`` each) the new keys/values are
-        written at each row's ``index [B]`` and the queries attend over the whole cache
-        (``S' = T_max``).
+        written at positions ``index + 0..T-1`` of every row (``index`` a scalar) and the queries
+        attend over the whole cache (``S' = T_max``).
         Returns ``(y, (keys, values))``, the latter being the updated cache.
         """
         h = self.self_attn_norm(y)
@@ -215,18 +215,15 @@ class Decoder(nnx.Module):
         ``cross_mask`` is ``[B, S]`` (a key mask) or ``[B, T, S]``. Teacher forcing
         (``self_kv=None``): positions ``0..T-1`` attend causally to each other, and only within
         their own segment when ``segment_ids [B, T]`` are given (packed rows).
-        Cached: row b's tokens sit at positions ``index[b] + 0..T-1`` and attend to every cached
-        position up to their own; the bias is computed for just these query positions.
+        Cached: every row's tokens sit at positions ``index + 0..T-1`` (one index: the rows step
+        together) and attend to every cached position up to their own; the bias is computed for
+        just these query positions.
         """
         T = y.shape[1]
-        if self_kv is None:
-            q_pos = jnp.arange(T)  # [T]
-            k_pos = q_pos
-        else:
-            q_pos = index[:, None] + jnp.arange(T)  # [B, T]
-            k_pos = jnp.arange(self_kv[0][0].shape[2])  # [T_max]
-        bias = self.relpos(q_pos, k_pos)  # [N, T, T] or [B, N, T, T_max]
-        causal = k_pos <= q_pos[..., :, None]  # [T, T] or [B, T, T_max]: key position <= query position
+        q_pos = jnp.arange(T) if self_kv is None else index + jnp.arange(T)  # [T]
+        k_pos = q_pos if self_kv is None else jnp.arange(self_kv[0][0].shape[2])  # [T] or [T_max]
+        bias = self.relpos(q_pos, k_pos)  # [N, T, T] or [N, T, T_max]
+        causal = k_pos <= q_pos[:, None]  # [T, T] or [T, T_max]: key position <= query position
         if segment_ids is not None:
             if self_kv is not None:
                 raise ValueError("segment_ids (packed rows) are for teacher forcing, not cached decoding")

@@ -116,14 +116,20 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
         for line in claims.splitlines()
         if line.startswith("| ") and "**" in line
     ]
-    assert len(verdicts) == 6
+    assert len(verdicts) == 7  # decode time twice (the decoder's steps, the whole decode), then quality
     judged = ("reproduced", "not reproduced", "within noise", "not testable at this setting")
     assert all(v.strip("*") in judged for v in verdicts)
-    sanity = md.split("## Sanity claims")[1].split("## The paper's claims")[0]
+    sanity, gates = md.split("## Sanity claims")[1].split("## The paper's claims")[0].split("| gate |")
     sanity_verdicts = [line.rsplit("|", 2)[1].strip(" *") for line in sanity.splitlines() if "**" in line]
     assert len(sanity_verdicts) == 4 and all(v in judged[:3] for v in sanity_verdicts)
-    assert ("not testable at this setting" in claims) == any(v != "reproduced" for v in sanity_verdicts)
+    gate_verdicts = [line.rsplit("|", 2)[1].strip(" *") for line in gates.splitlines() if "**" in line]
+    assert len(gate_verdicts) == 2 and all(v in judged[:3] for v in gate_verdicts)  # measured: never missing
+    quality = verdicts[2:]
+    assert ("**not testable at this setting**" in quality) == any(v != "reproduced" for v in sanity_verdicts)
+    for verdict, gate in zip(verdicts[:2], gate_verdicts, strict=True):  # steps, then whole
+        assert (verdict == "**not testable at this setting**") == (gate != "reproduced")
     assert results["loss"] > 0 and len(timing["times_s"]) == len(timing["prefill_times_s"]) == 5
+    assert len(timing["steps_times_s"]) == 5 and timing["step_bytes"]["total"] > 0
     rows = list(csv.DictReader((report / "report.csv").open()))
     assert {r["section"] for r in rows} == {"table1", "fig3", "fig4", "fig5", "fig6"}
     mqa = [

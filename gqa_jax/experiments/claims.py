@@ -110,6 +110,12 @@ def pick(models: Sequence[str], want: str, like: str | None = None) -> str | Non
     return found[0] if found else None
 
 
+def three(models: Sequence[str]) -> tuple[str | None, str | None, str | None]:
+    """(MQA, GQA, MHA) among ``models``, the MHA of the GQA model's size: the paper's chain."""
+    gqa = pick(models, "GQA")
+    return pick(models, "MQA"), gqa, pick(models, "MHA", like=gqa)
+
+
 def show(name: Any, s: Any, unit: str = "") -> str:
     if missing(s):
         return f"{name} missing"

@@ -4,7 +4,10 @@ x axis, a line per KV cache; ``groups == reference_groups`` is MHA, a dotted hor
 Time runs tagged ``cache`` (a quantized dtype, e.g. int8) draw that cache's line (dashed), the
 others the float cache's (the model's dtype, the paper's). Each point is the median of its run's
 timing repeats, its error bar their sample std; the table beside it gives the prefill's share of
-each time (timing.json prefill_times_s), what a flat line is made of.
+each time (timing.json prefill_times_s), what a flat line is made of. The decoder's steps timed
+alone (timing.json steps_times_s) are a second point per group (hollow), and a second table sets
+every cell beside the bytes model of a decoder step (``parts.time_model``), against MHA with the
+same cache.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gqa_jax.experiments.parts import md, plot
+from gqa_jax.experiments.parts import md, plot, time_model
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
 from gqa_jax.experiments.parts.records import FLOOR_NOTE, Record, gather_times, select, time_source, unique
 from gqa_jax.experiments.stats import Stat
@@ -36,6 +39,8 @@ class Fig6:
     reference_label: str
     reference: Stat  # MHA's time, the float cache's
     source: str  # what the times are (measured where, or predicted for which TPU slice), in words
+    steps: Mapping[str, tuple[Stat, ...]] = dataclasses.field(default_factory=dict)  # decoder steps alone
+    reads: Mapping[str, tuple[time_model.Reads, ...]] = dataclasses.field(default_factory=dict)  # bytes model
 
     @property
     def times(self) -> tuple[Stat, ...]:
@@ -57,6 +62,8 @@ class Fig6Part(Part[Fig6]):
         cells = gather_times(records, pick, key)
         prefill_cells = gather_times(records, pick, key, "prefill_times")
         floor_cells = gather_times(records, pick, key, "floor_times")
+        steps_cells = gather_times(records, pick, key, "steps_times")
+        reads = time_model.reads_of(records, pick, key)
         groups = unique([*schema.get("groups", []), *sorted(g for _, g in cells)])
         caches = unique([*schema.get("caches", [FLOAT_CACHE]), *(c for c, _ in cells)])
         ref = schema.get("reference_groups", max(groups, default=None))
@@ -75,6 +82,8 @@ class Fig6Part(Part[Fig6]):
             reference_label=f"MHA ({ref} groups)",
             reference=cells.get((FLOAT_CACHE, ref), Stat(None)),
             source=time_source(records),
+            steps={c: tuple(steps_cells.get((c, g), Stat(None)) for g in groups) for c in caches},
+            reads={c: tuple(reads.get((c, g), time_model.Reads()) for g in groups) for c in caches},
         )
 
     def markdown(self, result: Fig6, files: Mapping[str, str]) -> list[str]:
@@ -120,27 +129,23 @@ class Fig6Part(Part[Fig6]):
             ),
             "",
             *md.table(header, rows),
+            *bytes_model(result),
         ]
 
     def csv(self, result: Fig6) -> list[CsvRow]:
         rows = []
         for cache, line in result.lines.items():
-            column = "time_per_sample_s" + ("" if cache == FLOAT_CACHE else f"[{cache} cache]")
-            rows += [
-                csv_row(self.name, f"groups={g}", column, s) for g, s in zip(result.groups, line, strict=True)
-            ]
-            prefill = result.prefills.get(cache, ())
-            if any(not p.missing for p in prefill):
-                column = "prefill_s" + ("" if cache == FLOAT_CACHE else f"[{cache} cache]")
-                rows += [
-                    csv_row(self.name, f"groups={g}", column, p)
-                    for g, p in zip(result.groups, prefill, strict=True)
-                ]
-            floor = result.floors.get(cache, ())
-            if any(not f.missing for f in floor):
-                column = "floor_s" + ("" if cache == FLOAT_CACHE else f"[{cache} cache]")
-                pairs = zip(result.groups, floor, strict=True)
-                rows += [csv_row(self.name, f"groups={g}", column, f) for g, f in pairs]
+            suffix = "" if cache == FLOAT_CACHE else f"[{cache} cache]"
+            columns = {
+                "time_per_sample_s": line,  # always, missing or not; the others where present
+                "prefill_s": result.prefills.get(cache, ()),
+                "steps_s": result.steps.get(cache, ()),
+                "floor_s": result.floors.get(cache, ()),
+            }
+            for column, stats in columns.items():
+                if column == "time_per_sample_s" or any(not s.missing for s in stats):
+                    pairs = zip(result.groups, stats, strict=True)
+                    rows += [csv_row(self.name, f"groups={g}", column + suffix, s) for g, s in pairs]
         return rows
 
     def figure(self, result: Fig6, path: Path) -> Path:
@@ -148,15 +153,14 @@ class Fig6Part(Part[Fig6]):
         groups, lines = result.groups, result.lines
         drawn = 0
         for i, (cache, line) in enumerate(lines.items()):
-            pts = [(g, s) for g, s in zip(groups, line, strict=True) if plot.present(s)]
-            drawn += len(pts)
-            if not pts:
-                continue
             label = "ours (1 group = MQA)" if len(lines) == 1 else f"ours, {cache} KV cache"
             color = plot.OURS if cache == FLOAT_CACHE else CACHE_COLORS[i % len(CACHE_COLORS)]
-            ax.errorbar([g for g, _ in pts], [s.mean for _, s in pts], yerr=[plot.err(s) for _, s in pts],
-                        marker="o", color=color, ls="-" if cache == FLOAT_CACHE else "--", capsize=3,
-                        label=label)  # fmt: skip
+            drawn += _line(
+                ax, groups, line, color=color, ls="-" if cache == FLOAT_CACHE else "--", label=label
+            )
+            steps_label = "decoder steps alone" + ("" if len(lines) == 1 else f", {cache} KV cache")
+            steps = result.steps.get(cache, (Stat(None),) * len(groups))
+            _line(ax, groups, steps, color=color, ls=":", label=steps_label, mfc="white", lw=1, capsize=2)
         if plot.present(result.reference):
             ax.axhline(result.reference.mean, color="black", ls=":", lw=1.5, label=result.reference_label)
         if not drawn:
@@ -184,6 +188,36 @@ class Fig6Part(Part[Fig6]):
         )
         fig.savefig(path, dpi=plot.DPI)
         return path
+
+
+def bytes_model(result: Fig6) -> list[str]:
+    """Every measured cell beside the bytes model, against MHA's (``reference_groups``) with the
+    same cache; none where no cell has a time."""
+    cells = []
+    for cache, line in result.lines.items():
+        steps = result.steps.get(cache, (Stat(None),) * len(line))
+        reads = result.reads.get(cache, (time_model.Reads(),) * len(line))
+        timed = [
+            time_model.Timed(f"{cache}, {g}" + (" (MHA)" if g == result.reference_groups else ""), t, st, r)
+            for g, t, st, r in zip(result.groups, line, steps, reads, strict=True)
+        ]
+        ref = next(
+            (c for g, c in zip(result.groups, timed, strict=True) if g == result.reference_groups), None
+        )
+        cells += [(c, ref) for c, t in zip(timed, line, strict=True) if not t.missing]
+    if not cells:
+        return []
+    title = "Each time against the bytes model, against MHA with the same cache."
+    return ["", *time_model.table("cache, groups", cells, title)]
+
+
+def _line(ax: Any, groups: Sequence[int], line: Sequence[Stat], **style: Any) -> int:
+    """The present points of ``line`` with their error bars; how many were drawn."""
+    pts = [(g, s) for g, s in zip(groups, line, strict=True) if plot.present(s)]
+    if pts:
+        ax.errorbar([g for g, _ in pts], [s.mean for _, s in pts], yerr=[plot.err(s) for _, s in pts],
+                    **{"marker": "o", "capsize": 3, **style})  # fmt: skip
+    return len(pts)
 
 
 PART = Fig6Part()

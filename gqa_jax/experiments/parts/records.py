@@ -4,6 +4,11 @@
 timing.json, metrics.jsonl); :func:`gather`: the selected runs grouped into cells, each a
 ``stats.Stat`` over seeds; :func:`gather_times`: time cells, each a ``stats.Stat`` over the timing
 repeats of its runs (median and spread); :func:`select` / :func:`in_part`: which runs a part takes.
+
+A time run's record keeps what its timing.json has and nothing more: the whole decode's repeats,
+the prefill's, the decoder steps' (``steps_times_s``, measured on a prefilled state) and the bytes
+model of one step (``step_bytes``). A timing.json written before the last two were recorded has
+none: those cells are missing, never the whole time less the prefill's.
 """
 
 from __future__ import annotations
@@ -33,12 +38,32 @@ class Record:
     time: float | None = None  # timing.json time_per_sample_s
     times: tuple[float, ...] = ()  # timing.json times_s / batch: each repeat's time per sample
     prefill_times: tuple[float, ...] = ()  # timing.json prefill_times_s / batch (the prefill alone)
+    steps_times: tuple[float, ...] = ()  # timing.json steps_times_s / batch (the decoder's steps alone)
+    step_bytes: float | None = None  # timing.json step_bytes total: the bytes one decoder step reads
     floor_times: tuple[float, ...] = ()  # a predicted time's read-once floor (:func:`read_once_floor`)
     dev_loss: float | None = None  # results.json loss: teacher-forced NLL per target token
     loss: float | None = None  # last eval/loss of metrics.jsonl (a training run's dev loss)
     start_loss: float | None = None  # eval/loss at step 0 (eval_at_start: the converted model's)
     machine: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # timing.json's
     timing: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # all of timing.json
+
+    @property
+    def sample_bytes(self) -> float | None:
+        """The bytes the decoder's steps read per sample by the bytes model: output_len steps of
+        ``step_bytes`` each, over the batch (None without a bytes model)."""
+        batch, steps = self.timing.get("batch"), self.timing.get("output_len")
+        if self.step_bytes is None or not isinstance(batch, int) or not isinstance(steps, int) or batch < 1:
+            return None
+        return self.step_bytes * steps / batch
+
+    @property
+    def cache_share(self) -> float | None:
+        """The cache's share of ``step_bytes`` (self and cross K/V over weights + cache)."""
+        read = self.timing.get("step_bytes")
+        if self.step_bytes is None or not self.step_bytes or not isinstance(read, Mapping):
+            return None
+        cache = [_finite(read.get(k)) for k in ("self_cache", "cross_cache")]
+        return None if None in cache else sum(cache) / self.step_bytes  # type: ignore[arg-type]
 
     @property
     def predicted(self) -> Mapping[str, Any] | None:
@@ -116,7 +141,8 @@ def read_run(root: Path, run: Run) -> Record:
     results, timing = _json(d / "results.json") or {}, _json(d / "timing.json") or {}
     start, last = eval_losses(d / "metrics.jsonl")
     predicted = isinstance(timing.get("prediction"), Mapping)  # one number, no repeats
-    prefill = _finite(timing.get("prefill_per_sample_s"))
+    prefill, steps = (_finite(timing.get(f"{k}_per_sample_s")) for k in ("prefill", "steps"))
+    read = timing.get("step_bytes")
     return Record(
         run,
         status,
@@ -126,6 +152,8 @@ def read_run(root: Path, run: Run) -> Record:
         prefill_times=(prefill,)
         if predicted and prefill is not None
         else _per_sample(timing, "prefill_times_s"),
+        steps_times=(steps,) if predicted and steps is not None else _per_sample(timing, "steps_times_s"),
+        step_bytes=_finite(read.get("total")) if isinstance(read, Mapping) else None,
         floor_times=tuple(f for f in (read_once_floor(timing),) if f is not None),
         dev_loss=_finite(results.get("loss")),
         loss=last,
@@ -195,9 +223,10 @@ def gather_times(
     records: Sequence[Record], pick: Callable[[Run], bool], key: Callable[[Run], Any], value: str = "times"
 ) -> dict[Any, Stat]:
     """Time cells: the picked runs grouped by ``key``, each a ``Stat`` over every timing repeat of
-    its done runs (``value``: ``times``, ``prefill_times`` or ``floor_times``, seconds per sample):
-    ``mean`` the median, ``std`` their sample std, ``n`` the repeats, ``seeds`` (run, repeat) -> time. A run
-    whose timing.json has no repeats (an older one) counts its ``time`` as one repeat."""
+    its done runs (``value``: ``times``, ``prefill_times``, ``steps_times`` or ``floor_times``, seconds
+    per sample): ``mean`` the median, ``std`` their sample std, ``n`` the repeats, ``seeds`` (run,
+    repeat) -> time. A run whose timing.json has no repeats (an older one) counts its ``time`` as one
+    repeat; no other measure is made up where its record has none."""
     out = {}
     for k, recs in group(records, pick, key).items():
         values: dict[Any, float] = {}

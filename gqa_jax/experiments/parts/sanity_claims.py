@@ -12,6 +12,11 @@ gates nothing.
 - fine-tuned beats its step-0 score on every task: each Table 1 cell against the score of the same
   model before fine-tuning, its ``evaluate`` runs tagged ``start`` (this part takes them, so
   Table 1 does not).
+
+And one gate per measure of the time claims (:attr:`Sanity.time_gates`, ``parts.time_model.gate``):
+the bytes model predicts differences between MQA, GQA and MHA beyond the timing spread, on the
+decoder's steps alone and on the whole decode. One that fails makes that measure's time claim "not
+testable at this setting"; it gates nothing else, and no quality gate gates the time claims.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from gqa_jax.experiments import claims as rule
 from gqa_jax.experiments.claims import MISSING, NOT_IN_SWEEP, REPRODUCED, Claim
-from gqa_jax.experiments.parts import md
+from gqa_jax.experiments.parts import md, time_model
 from gqa_jax.experiments.parts.base import Context, Part
 from gqa_jax.experiments.parts.fig5 import Fig5
 from gqa_jax.experiments.parts.records import Record, gather, select
@@ -33,14 +38,32 @@ SIZES = ("small", "base", "large", "xl", "xxl")  # T5.1.1's, smallest first
 START_TAG = "start"  # evaluate runs of a model before fine-tuning
 
 
+def fails(claim: Claim) -> bool:
+    """Every verdict but reproduced, missing and not in this sweep."""
+    return claim.verdict not in (REPRODUCED, MISSING, NOT_IN_SWEEP)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sanity:
     claims: tuple[Claim, ...]
+    time_gates: Mapping[str, Claim] = dataclasses.field(default_factory=dict)  # measure -> its gate
 
     @property
     def failed(self) -> tuple[Claim, ...]:
-        """The claims that fail: every verdict but reproduced, missing and not in this sweep."""
-        return tuple(c for c in self.claims if c.verdict not in (REPRODUCED, MISSING, NOT_IN_SWEEP))
+        """The claims that fail (:func:`fails`): they gate the quality claims."""
+        return tuple(c for c in self.claims if fails(c))
+
+    def time_gate_failed(self, measure: str) -> Claim | None:
+        """``measure``'s time gate when it fails, else None."""
+        gate = self.time_gates.get(measure)
+        return gate if gate is not None and fails(gate) else None
+
+
+def time_gates(table: Table1) -> dict[str, Claim]:
+    """The bytes model's gate of the time claim on each measure (``parts.time_model.gate``)."""
+    cells = {r.model: r.timed for r in table.rows}
+    labels = rule.three(list(cells))
+    return {m: time_model.gate(m, labels, cells) for m in time_model.MEASURES}
 
 
 def size_rank(model: str) -> int | None:
@@ -138,11 +161,11 @@ class SanityClaimsPart(Part[Sanity]):
                 *larger_beats_smaller(table),
                 uptrained_beats_converted(context.results.get("fig5")),
                 finetuned_beats_start(table, starts),
-            )
+            ),
+            time_gates(table),
         )
 
     def markdown(self, result: Sanity, files: Mapping[str, str]) -> list[str]:
-        rows = [[c.claim, c.evidence, c.resolution(), f"**{c.verdict}**"] for c in result.claims]
         failed = result.failed
         after = (
             f"Failed: {len(failed)} of {len(result.claims)}; the paper's quality claims below are therefore "
@@ -156,10 +179,37 @@ class SanityClaimsPart(Part[Sanity]):
             "Orderings any setting that can test the paper must show, by the same verdict rule as the "
             "paper's claims (below); \"resolves\" is the smallest difference the seeds' spread resolves.",
             "",
-            *md.table(["claim", "numbers", "resolves", "verdict"], rows),
+            *md.table(["claim", "numbers", "resolves", "verdict"], _rows(result.claims)),
             "",
             after,
+            *_time_gates(result),
         ]
+
+
+def _rows(claims: Sequence[Claim]) -> list[list[str]]:
+    return [[c.claim, c.evidence, c.resolution(), f"**{c.verdict}**"] for c in claims]
+
+
+def _time_gates(result: Sanity) -> list[str]:
+    """The time gates' table, none where the sweep has no time run of the three models."""
+    if all(g.verdict == NOT_IN_SWEEP for g in result.time_gates.values()):
+        return []
+    failed = [time_model.MEASURES[m] for m in result.time_gates if result.time_gate_failed(m)]
+    after = (
+        f"Failed: the time claim on {' and on '.join(failed)} is therefore not testable at this setting."
+        if failed
+        else "None failed: the time claims below are judged."
+    )
+    return [
+        "",
+        "Can these time runs test the time claims: does the bytes model (a decoder step reads its weights "
+        "and the whole cache) predict differences between the models beyond the timing spread? "
+        '("resolves": the largest of the pairs\' spreads over the timing repeats.)',
+        "",
+        *md.table(["gate", "numbers", "resolves", "verdict"], _rows(list(result.time_gates.values()))),
+        "",
+        after,
+    ]
 
 
 PART = SanityClaimsPart()

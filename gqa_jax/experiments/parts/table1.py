@@ -3,7 +3,9 @@
 Scores: evaluate runs tagged ``model`` and ``task`` (their results.json primary, and its ``loss``,
 the teacher-forced dev loss, in a table of its own); T_infer: the mean of a model's time runs' cells
 (tagged ``model``; one cell per set of lengths, or any other tag but ``seed``), each cell the median
-of its timing repeats with their spread, and the prefill's share of it. Runs another
+of its timing repeats with their spread, and the prefill's share of it; the decoder's steps timed
+alone (timing.json's steps_times_s) the same way, and beside both the bytes model of a decoder step
+(``parts.time_model``: each row's ratio to the MHA row of its size, predicted and measured). Runs another
 part of the report takes (``Part.takes``: Fig. 4's ``method``, Fig. 5's ``alpha``, Fig. 6's
 ``groups``) are not the table's; time runs tagged that way are, though, when no other time run
 has a ``model`` tag.
@@ -16,7 +18,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gqa_jax.experiments.parts import md
+from gqa_jax.experiments import claims as rule
+from gqa_jax.experiments.parts import md, time_model
 from gqa_jax.experiments.parts.base import Context, CsvRow, Part, csv_row
 from gqa_jax.experiments.parts.records import (
     FLOOR_NOTE,
@@ -54,6 +57,12 @@ class Table1Row:
     floor: Stat = Stat(None)  # a predicted T_infer's read-once floor (``records.read_once_floor``)
     losses: Mapping[str, Stat] = dataclasses.field(default_factory=dict)  # task -> dev loss cell
     mean_loss: Stat = Stat(None)  # the mean dev loss over the tasks (missing when one is)
+    steps: Stat = Stat(None)  # the decoder's steps alone, as ``time`` (timing.json steps_times_s)
+    reads: time_model.Reads = time_model.Reads()  # the bytes model of its time cells (their mean)
+
+    @property
+    def timed(self) -> time_model.Timed:
+        return time_model.Timed(self.model, self.time, self.steps, self.reads)
 
     @property
     def has_losses(self) -> bool:
@@ -94,6 +103,8 @@ class Table1Part(Part[Table1]):
         times = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)))
         prefills = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)), "prefill_times")
         floors = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)), "floor_times")
+        steps = gather_times(records, timed, lambda r: (r.tags["model"], _rest(r)), "steps_times")
+        reads = time_model.reads_of(records, timed, lambda r: (r.tags["model"], _rest(r)))
         tasks = task_columns(schema, [t for _, t in scores])
         paper_rows = schema.get("rows", {})
         models = unique([*paper_rows, *(m for m, _ in scores), *(m for m, _ in times)])
@@ -103,6 +114,7 @@ class Table1Part(Part[Table1]):
             time_cells = [s for (mm, _), s in times.items() if mm == m]
             prefill_cells = [s for (mm, _), s in prefills.items() if mm == m]
             floor_cells = [s for (mm, _), s in floors.items() if mm == m and not s.missing]
+            steps_cells = [s for (mm, _), s in steps.items() if mm == m]
             loss_cells = {t: losses.get((m, t), Stat(None)) for t, _ in tasks}
             paper = paper_rows.get(m, {})
             paper_scores = paper.get("scores", {})
@@ -123,6 +135,8 @@ class Table1Part(Part[Table1]):
                 floor=mean_of(floor_cells) if floor_cells else Stat(None),
                 losses=loss_cells,
                 mean_loss=mean_of(list(loss_cells.values())),
+                steps=mean_of(steps_cells) if steps_cells else Stat(None),
+                reads=time_model.mean_reads([r for (mm, _), r in reads.items() if mm == m]),
             ))  # fmt: skip
         return Table1(
             tuple(tasks), tuple(rows), schema.get("note"), time_source(records), predicted_on(records)
@@ -130,6 +144,7 @@ class Table1Part(Part[Table1]):
 
     def markdown(self, result: Table1, files: Mapping[str, str]) -> list[str]:
         prefill = any(not r.prefill.missing for r in result.rows)
+        timed = any(not r.time.missing for r in result.rows)
         ratio = result.predicted is not None and any(_ratio(r) for r in result.rows)
         floor = any(not r.floor.missing for r in result.rows)
         header = [
@@ -138,6 +153,7 @@ class Table1Part(Part[Table1]):
             *(["ours / paper"] if ratio else []),
             *(["read-once floor (s)"] if floor else []),
             *(["of which prefill (s)"] if prefill else []),
+            *(["decoder steps alone (s)"] if timed else []),
             *(label for _, label in result.tasks),
             "Average (paper)",
             "plain mean",
@@ -151,6 +167,7 @@ class Table1Part(Part[Table1]):
                 *([_ratio(r) or "—"] if ratio else []),
                 *([md.fmt(r.floor, "time")] if floor else []),
                 *([md.fmt(r.prefill, "time")] if prefill else []),
+                *([md.fmt(r.steps, "time")] if timed else []),
                 *(md.cell(r.scores[t], p.scores.get(t)) for t, _ in result.tasks),
                 md.NOT_IN_SWEEP if p.average is None else str(p.average),
                 md.cell(r.plain_mean, None if p.plain_mean is None else round(p.plain_mean, 2)),
@@ -163,6 +180,9 @@ class Table1Part(Part[Table1]):
             + (f" {FLOOR_NOTE}" if floor else "")
             + (" Of which prefill: the encoder and the cache's set-up alone (timing.json's "
                "prefill_times_s), the rest is the decoder's steps." if prefill else "")
+            + (" Decoder steps alone: the step loop timed on a prefilled state, its own repeats "
+               "(timing.json's steps_times_s; none in a timing.json written before they were recorded)."
+               if timed else "")
             + " Scores: the dev sets' primary metric. "
             '"Average (paper)" is the paper\'s own column (it does not define it); "plain mean" is the mean '
             "over the tasks, ours (the paper's).",
@@ -170,6 +190,7 @@ class Table1Part(Part[Table1]):
             "",
             *md.table(header, rows),
             *speedups(result),
+            *bytes_model(result),
         ]  # fmt: skip
         if any(r.has_losses for r in result.rows):
             loss_rows = [
@@ -202,6 +223,10 @@ class Table1Part(Part[Table1]):
                 rows.append(csv_row(self.name, r.model, "prefill_s", r.prefill))
             if not r.floor.missing:
                 rows.append(csv_row(self.name, r.model, "T_infer_floor_s", r.floor))
+            if not r.steps.missing:
+                rows.append(csv_row(self.name, r.model, "steps_s", r.steps))
+            if r.reads.step is not None:
+                rows.append(csv_row(self.name, r.model, "step_bytes", Stat(r.reads.step, n=1)))
             if r.has_losses:
                 rows += [csv_row(self.name, r.model, f"dev_loss[{t}]", r.losses[t]) for t, _ in result.tasks]
                 rows.append(csv_row(self.name, r.model, "dev_loss[mean]", r.mean_loss))
@@ -237,6 +262,23 @@ def speedups(result: Table1) -> list[str]:
     if not parts:
         return []
     return ["", f"Speed-up over {SPEEDUP_OVER} (its T_infer / the model's): " + ", ".join(parts) + "."]
+
+
+def bytes_model(result: Table1) -> list[str]:
+    """The bytes model's table (``parts.time_model``): each timed row against the MHA row of its
+    size (``claims.pick``)."""
+    timed = [r for r in result.rows if not r.time.missing]
+    if not timed:
+        return []
+    models = [r.model for r in timed]
+    cells = []
+    for r in timed:
+        ref = rule.pick(models, "MHA", like=r.model)
+        cells.append((r.timed, result.row(ref).timed if ref else None))
+    return [
+        "",
+        *time_model.table("model", cells, "Decode time against the bytes model, each model against MHA."),
+    ]
 
 
 PART = Table1Part()

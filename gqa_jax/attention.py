@@ -94,9 +94,11 @@ def grouped_attention(
 
 
 class Attention(nnx.Module):
-    """Projections ``query [D, N, H]``, ``key``/``value [D, K, H]``, ``out [N, H, D]``."""
+    """Projections ``query [D, N, H]``, ``key``/``value [D, K, H]``, ``out [N, H, D]``. ``cached``:
+    the attention reads a decode cache (the decoder's self- and cross-attention), so on a mesh its
+    queries are regrouped to the cache's layout (``cache_queries``) for the products with it."""
 
-    def __init__(self, config: ModelConfig, num_kv_heads: int, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, num_kv_heads: int, *, rngs: nnx.Rngs, cached: bool = False):
         D, N, H, K = config.d_model, config.num_heads, config.head_dim, num_kv_heads
         if N % K:
             raise ValueError(f"Attention: num_heads={N} not divisible by num_kv_heads={K}")
@@ -107,6 +109,7 @@ class Attention(nnx.Module):
         self.value = nnx.Param(fan_in_init(D)(rngs.params(), (D, K, H), pdt))
         self.out = nnx.Param(fan_in_init(N * H)(rngs.params(), (N, H, D), pdt))
         self.num_heads, self.num_kv_heads, self.head_dim = N, K, H
+        self.cached = cached
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
         self.kernel = EINSUM_KERNEL  # a decode program sets its own (config.KERNELS)
@@ -142,9 +145,13 @@ class Attention(nnx.Module):
         rngs: nnx.Rngs | None = None,
     ) -> Array:
         """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
+        if self.cached:  # rows and heads as the cache holds them (a no-op off a split decode mesh)
+            q = constrain(q, "cache_queries")
         o = grouped_attention(
             q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs, kernel=self.kernel
         )
+        if self.cached:
+            o = constrain(o, "cache_queries")  # [B, T, N, H]
         out = project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype), kernel=self.kernel)
         return constrain(out, "hidden")
 

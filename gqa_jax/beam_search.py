@@ -53,8 +53,8 @@ def _gather_beams(x: Array, beams: Array) -> Array:
 def _beam_loop(
     graphdef, params, encoder_input_ids, *, config: DecodeConfig, beam_size, alpha, mesh=None, rules=None
 ):
-    with decode_inputs.mesh_context(mesh, rules):
-        model = decoding.merged(graphdef, params, config)
+    model = decoding.merged(graphdef, params, config)
+    with decode_inputs.mesh_context(mesh, rules, model.config):
         return _beam_body(model, encoder_input_ids, config=config, beam_size=beam_size, alpha=alpha)
 
 

@@ -22,6 +22,7 @@ per token and K/V head: ``2 x L x B x length x K x (H + 4)``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -152,7 +153,7 @@ def write(cache: Entry, new: Array, index: Array) -> Entry:
         return kv_quant.constrain(
             kv_quant.QuantizedKV(values=update(cache.values, q.values), scale=update(cache.scale, q.scale))
         )
-    return sharding.constrain(update(cache, new), "kv")
+    return kv_quant.constrain(update(cache, new))
 
 
 def cache_bytes(cache: KVCache) -> dict[str, int]:
@@ -180,6 +181,20 @@ def check_cache(config: ModelConfig, cache: KVCache) -> None:
         raise ValueError("KV cache was built for another config: " + "; ".join(problems))
 
 
+def decode_kv_heads(config: ModelConfig) -> int:
+    """The K/V heads the decode cache's layout must serve: those of the decoder's self- and
+    cross-attention (their common divisor where they differ)."""
+    return math.gcd(config.kv_heads("decoder_self"), config.kv_heads("cross"))
+
+
+def decode_mesh(
+    config: ModelConfig, mesh: Any, rules: Mapping[str, sharding.MeshAxes] | None = None
+) -> tuple[Any, dict[str, sharding.MeshAxes]]:
+    """``sharding.decode_mesh`` for this model's decoder K/V heads: the mesh and rules its decode
+    programs run on (rules None: ``sharding.RULES``)."""
+    return sharding.decode_mesh(mesh, sharding.RULES if rules is None else rules, decode_kv_heads(config))
+
+
 def cache_layout(
     config: Any,
     mesh: Any,
@@ -187,12 +202,14 @@ def cache_layout(
     input_len: int,
     output_len: int,
     dtype: Any,
-    rules: Mapping[str, str | None] = sharding.RULES,
+    rules: Mapping[str, sharding.MeshAxes] | None = None,
 ) -> tuple[dict[str, Any], list[sharding.Replication]]:
-    """How a decode cache ``[B, K, length, H]`` per layer lies on ``mesh``: per kind (``self``,
-    ``cross``) its ``PartitionSpec``, the formula's total bytes, the shards, and the bytes each
-    device holds (``total / shards``; a replicated K/V-head axis is not divided). Also the
-    replicated K/V-head axes (``replication_report`` states the waste)."""
+    """How a decode cache ``[B, K, length, H]`` per layer lies on ``mesh`` (through ``decode_mesh``:
+    heads over ``model`` as far as K allows, rows over ``data`` and the rest of the model axis):
+    per kind (``self``, ``cross``) its ``PartitionSpec``, the formula's total bytes, the shards,
+    and the bytes each device holds (``total / shards``; a replicated axis is not divided). Also
+    what is replicated (``replication_report`` states the waste)."""
+    mesh, rules = decode_mesh(config, mesh, rules)
     size = itemsize(dtype)
     total = expected_cache_bytes(config, batch, input_len, output_len, dtype)
     out: dict[str, Any] = {}
@@ -200,7 +217,7 @@ def cache_layout(
     for kind, attn, length in (("self", "decoder_self", output_len), ("cross", "cross", input_len)):
         shape = (batch, config.kv_heads(attn), length, config.head_dim)
         found: list[sharding.Replication] = []
-        axes = sharding.ACTIVATION_AXES["kv"]
+        axes = sharding.ACTIVATION_AXES["cache"]
         ps = sharding.spec(axes, shape, mesh, rules, name=f"cache.{kind}", itemsize=size, replicated=found)
         n = sharding.shards(ps, mesh)
         per_device = total[kind] // n

@@ -31,11 +31,16 @@ def config_of(model: ModelLike) -> ModelConfig:
     return model.config if isinstance(model, T5) else nnx.merge(*model).config
 
 
-def mesh_context(mesh: Any, rules: Any) -> Any:
-    """Inside a jitted core: the activation-sharding context of a static ``(mesh, rules)``."""
+def mesh_context(mesh: Any, rules: Any, config: ModelConfig) -> Any:
+    """Inside a jitted decode program: the activation-sharding context of a static ``(mesh,
+    rules)`` on the decode layout of ``config``'s K/V heads (``cache.decode_mesh``: where K is
+    smaller than the model axis, the cache's rows take the rest of it). The parameters stay as
+    placed on ``mesh``: the split mesh lays every weight on the same devices."""
     if mesh is None:
         return contextlib.nullcontext()
-    return sharding_lib.activation_sharding(mesh, dict(rules) if rules else sharding_lib.RULES)
+    return sharding_lib.activation_sharding(
+        *kvcache.decode_mesh(config, mesh, dict(rules) if rules else None)
+    )
 
 
 def place(
@@ -49,7 +54,8 @@ def place(
     cache_dtype: str | None = None,
 ) -> tuple[Any, Array]:
     """Params by the rule table and input rows over ``data`` (a no-op for arrays already placed);
-    logs the cache's replication when its K/V heads cannot split over ``model``."""
+    logs what of the cache is replicated (``cache.cache_layout``: rows that do not divide the
+    devices its layout splits them over)."""
     if mesh is None:
         return params, ids
     rules = dict(rules) if rules else sharding_lib.RULES

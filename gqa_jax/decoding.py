@@ -28,9 +28,11 @@ programs take the split (``nnx.merge`` inside ``jit``).
 
 Sharded decoding: pass ``mesh=`` (``gqa_jax.sharding.make_mesh``). Parameters are placed by the
 rule table, input rows split over ``data``, and the programs are traced inside
-``sharding.activation_sharding`` so the cache is held at K/V-head granularity over ``model``
-(when ``K % model == 0``; replicated otherwise). On several processes pass the inputs as a
-global array (``distributed.global_batch``); results are global arrays (``distributed.to_host``).
+``sharding.activation_sharding`` on the decode layout (``cache.decode_mesh``): the cache's K/V
+heads over ``model`` as far as K allows and its rows over ``data`` and the rest of the model axis,
+so no device holds a copy of another's cache (Pope et al. 2022's batch-sharded multiquery). On
+several processes pass the inputs as a global array (``distributed.global_batch``); results are
+global arrays (``distributed.to_host``).
 """
 
 from __future__ import annotations
@@ -137,9 +139,8 @@ def prefill(
     else:
         encoded = model.encode(encoder_input_ids)  # [B, S, D]
     cross_k, cross_v = model.decoder.cross_kv(encoded)  # per layer [B, K, S, H]
-    if cache_dtype is not None:
-        cross_k = tuple(kvcache.store(k, cache_dtype) for k in cross_k)
-        cross_v = tuple(kvcache.store(v, cache_dtype) for v in cross_v)
+    cross_k = tuple(kvcache.store(k, cache_dtype or k.dtype) for k in cross_k)  # laid out as the cache
+    cross_v = tuple(kvcache.store(v, cache_dtype or v.dtype) for v in cross_v)
     self_k, self_v = kvcache.empty_self_cache(config, B, max_decode_len, cache_dtype or encoded.dtype)
     return kvcache.KVCache(
         self_k=self_k,
@@ -259,15 +260,17 @@ def start(
     graphdef, params, encoder_input_ids, key, *, config: DecodeConfig, mesh=None, rules=None
 ) -> DecodeState:
     """The prefill: encoder, cross K/V into the cache, the empty self cache, the loop's first state."""
-    with mesh_context(mesh, rules):
-        return _start(merged(graphdef, params, config), encoder_input_ids, key, config)
+    model = merged(graphdef, params, config)
+    with mesh_context(mesh, rules, model.config):
+        return _start(model, encoder_input_ids, key, config)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
 def step(graphdef, params, state, temperature, *, config: DecodeConfig, mesh=None, rules=None) -> DecodeState:
     """One decode step of every row (the state donated: the cache is updated in place)."""
-    with mesh_context(mesh, rules):
-        return _step(merged(graphdef, params, config), state, temperature, config)
+    model = merged(graphdef, params, config)
+    with mesh_context(mesh, rules, model.config):
+        return _step(model, state, temperature, config)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
@@ -276,8 +279,9 @@ def finish(
 ) -> DecodeState:
     """The decoder's steps from ``state`` (a ``lax.while_loop``) until every row is done or
     ``max_decode_len`` tokens are out (the state donated)."""
-    with mesh_context(mesh, rules):
-        return _finish(merged(graphdef, params, config), state, temperature, config)
+    model = merged(graphdef, params, config)
+    with mesh_context(mesh, rules, model.config):
+        return _finish(model, state, temperature, config)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -288,8 +292,8 @@ def decode_loop(
     ``temperature`` is traced (no recompile per value). ``greedy_decode`` / ``sample_decode``
     check inputs, build ``config`` with ``decode_config`` and call this; call it directly to
     ``.lower()`` the loop (``plan``, the benchmarks), with a config from ``decode_config``."""
-    with mesh_context(mesh, rules):
-        model = merged(graphdef, params, config)
+    model = merged(graphdef, params, config)
+    with mesh_context(mesh, rules, model.config):
         return _finish(model, _start(model, encoder_input_ids, key, config), temperature, config)
 
 

@@ -129,8 +129,8 @@ def empty(shape: tuple[int, ...], cache_dtype: str) -> QuantizedKV:
 
 
 def constrain(x: Array | QuantizedKV) -> Array | QuantizedKV:
-    """The ``kv`` activation sharding on a cache entry, float or quantized (values and scale)."""
-    return jax.tree.map(lambda a: sharding.constrain(a, "kv"), x)
+    """The ``cache`` activation sharding on a cache entry, float or quantized (values and scale)."""
+    return jax.tree.map(lambda a: sharding.constrain(a, "cache"), x)
 
 
 def split(x: Array | QuantizedKV, dtype: Any) -> tuple[Array, Array | None]:

@@ -119,9 +119,9 @@ class EncoderLayer(nnx.Module):
 class DecoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.self_attn_norm = RMSNorm(config.d_model, config)
-        self.self_attn = Attention(config, config.kv_heads("decoder_self"), rngs=rngs)
+        self.self_attn = Attention(config, config.kv_heads("decoder_self"), rngs=rngs, cached=True)
         self.cross_attn_norm = RMSNorm(config.d_model, config)
-        self.cross_attn = Attention(config, config.kv_heads("cross"), rngs=rngs)
+        self.cross_attn = Attention(config, config.kv_heads("cross"), rngs=rngs, cached=True)
         self.mlp_norm = RMSNorm(config.d_model, config)
         self.mlp = MLP(config, rngs=rngs)
         self.rate = config.dropout_rate

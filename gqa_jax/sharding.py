@@ -3,7 +3,8 @@
 The leaf of the mesh world: it imports nothing from gqa_jax, and the model's layers, the cache,
 decoding and training all take their specs from here.
 
-Mesh axes: ``data`` (batch) and ``model`` (heads, MLP hidden, vocab). Every parameter has
+Mesh axes: ``data`` (batch) and ``model`` (heads, MLP hidden, vocab); a decode program whose K/V
+heads are fewer than the model axis runs on ``decode_mesh``'s split of it (below). Every parameter has
 logical axis names (``logical_axes``); ``RULES`` maps logical axes to mesh axes; ``spec`` turns a
 shape's logical axes into a ``PartitionSpec``. A dimension whose size the mesh axis does not
 divide is replicated instead, and recorded: for K/V heads this is the paper's section 2.2 waste
@@ -13,6 +14,15 @@ divide is replicated instead, and recorded: for K/V heads this is the paper's se
     mesh = make_mesh("2x4")                                 # data 2 x model 4
     shardings, replicated = param_shardings(params, mesh)
     print(replication_report(replicated))
+
+Decoding where K < model (Pope et al. 2022's batch-sharded multiquery; MaxText's ``cache_batch`` ->
+``autoregressive``): ``decode_mesh`` splits the model axis into ``model`` (``gcd(K, model)``
+devices, over which the K/V heads split) x ``autoregressive`` (the rest, over which the cache's
+rows split), on the same devices in the same order. Every rule that named ``model`` then names
+both (a weight lies on the devices exactly as before), the cache's heads (``cache_heads``) take
+``model`` and its rows (``cache_batch``) ``data`` x ``autoregressive``, so no device holds a copy
+of another's cache; the decoder's attentions regroup their queries to the cache's layout
+(``cache_queries``) and back.
 
 Activations and the KV cache take their specs from the same table: the model calls
 ``constrain(x, kind)`` at its layer boundaries, which is a no-op unless a trace runs inside
@@ -38,9 +48,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "model")
 
+MeshAxes = str | tuple[str, ...] | None  # one mesh axis, several (split over their product), or none
+
 # logical axis -> mesh axis (None: replicated). The one table params, optimizer state,
 # activations and the KV cache take their specs from.
-RULES: dict[str, str | None] = {
+RULES: dict[str, MeshAxes] = {
     "batch": "data",
     "heads": "model",
     "kv_heads": "model",
@@ -50,19 +62,24 @@ RULES: dict[str, str | None] = {
     "head_dim": None,
     "length": None,
     "buckets": None,
+    "cache_batch": "data",  # the decode cache's rows (and its queries' in the attention)
+    "cache_heads": "model",  # the decode cache's K/V heads
 }
+DECODE_AXIS = "autoregressive"  # the part of the model axis that splits the cache's rows (MaxText's name)
 
 # FSDP (T5X's 2-D parameter partitioning, MaxText's fsdp axis): parameters and optimizer state
 # split their embed dimension over `data` too, and XLA gathers each layer's weights where they are
 # used. Activations are unchanged: their batch already takes `data`, and an array never uses one
 # mesh axis twice (``spec``).
-FSDP_RULES: dict[str, str | None] = {**RULES, "embed": "data"}
+FSDP_RULES: dict[str, MeshAxes] = {**RULES, "embed": "data"}
 
 # the logical axes of activations and the cache (the model's ``constrain`` calls use these)
 ACTIVATION_AXES: dict[str, tuple[str, ...]] = {
     "hidden": ("batch", "length", "embed"),  # residual stream [B, T, D]
     "queries": ("batch", "length", "heads", "head_dim"),  # [B, T, N, H]
-    "kv": ("batch", "kv_heads", "length", "head_dim"),  # keys / values and the cache [B, K, T, H]
+    "kv": ("batch", "kv_heads", "length", "head_dim"),  # projected keys / values [B, K, T, H]
+    "cache": ("cache_batch", "cache_heads", "length", "head_dim"),  # the decoder's cached K/V [B, K, T, H]
+    "cache_queries": ("cache_batch", "length", "cache_heads", "head_dim"),  # [B, T, N, H] as the cache lies
     "mlp": ("batch", "length", "mlp"),  # [B, T, F]
     "logits": ("batch", "length", "vocab"),  # [B, T, V]
     "tokens": ("batch", "length"),  # [B, T]
@@ -158,14 +175,16 @@ def spec(
     logical: Sequence[str | None],
     shape: Sequence[int],
     mesh: Mesh,
-    rules: Mapping[str, str | None] = RULES,
+    rules: Mapping[str, MeshAxes] = RULES,
     *,
     name: str = "",
     itemsize: int = 4,
     replicated: list[Replication] | None = None,
 ) -> PartitionSpec:
-    """The ``PartitionSpec`` of an array with these logical axes on ``mesh``."""
-    out: list[str | None] = []
+    """The ``PartitionSpec`` of an array with these logical axes on ``mesh``. A rule of several
+    mesh axes splits the dimension over their product; where the dimension does not divide it,
+    over the longest leading part that it divides, the rest replicated (and recorded)."""
+    out: list[str | tuple[str, ...] | None] = []
     used: set[str] = set()
     for axis, size in zip(logical, shape, strict=True):
         if axis is None:
@@ -175,27 +194,62 @@ def spec(
             raise ValueError(
                 f"unknown logical axis {axis!r} (of {name or 'an array'}); rules: {', '.join(rules)}"
             )
-        mesh_axis = rules[axis]
-        if mesh_axis is not None and mesh_axis not in mesh.shape:
-            raise ValueError(
-                f"rule {axis!r} -> {mesh_axis!r}: no such mesh axis (mesh axes: {mesh.axis_names})"
-            )
-        mesh_size = mesh.shape[mesh_axis] if mesh_axis else 1
-        if mesh_axis is None or mesh_size == 1 or mesh_axis in used:
-            out.append(None)
-        elif size % mesh_size:
-            out.append(None)  # cannot split: every device on this axis keeps the whole dimension
-            if replicated is not None:
-                nbytes = itemsize * math.prod(shape)
-                replicated.append(Replication(name, axis, size, mesh_axis, mesh_size, nbytes))
-        else:
-            out.append(mesh_axis)
-            used.add(mesh_axis)
+        wanted = _axes(rules[axis])
+        for mesh_axis in wanted:
+            if mesh_axis not in mesh.shape:
+                raise ValueError(
+                    f"rule {axis!r} -> {mesh_axis!r}: no such mesh axis (mesh axes: {mesh.axis_names})"
+                )
+        wanted = tuple(a for a in wanted if mesh.shape[a] > 1 and a not in used)
+        taken = wanted
+        while taken and size % math.prod(mesh.shape[a] for a in taken):
+            taken = taken[:-1]  # cannot split: every device on the dropped axes keeps these slices
+        if len(taken) < len(wanted) and replicated is not None:
+            rest = wanted[len(taken) :]
+            nbytes = itemsize * math.prod(shape)
+            mesh_size = math.prod(mesh.shape[a] for a in rest)
+            replicated.append(Replication(name, axis, size, "+".join(rest), mesh_size, nbytes))
+        out.append(None if not taken else taken[0] if len(taken) == 1 else taken)
+        used.update(taken)
     return PartitionSpec(*out)
 
 
+def _axes(rule: MeshAxes) -> tuple[str, ...]:
+    return () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
+
+
+def decode_mesh(
+    mesh: Mesh | jax.sharding.AbstractMesh, rules: Mapping[str, MeshAxes], kv_heads: int
+) -> tuple[Any, dict[str, MeshAxes]]:
+    """The mesh and rules a decode program with ``kv_heads`` K/V heads runs on (module docstring):
+    ``mesh`` and ``rules`` themselves when K fills the model axis (or the mesh is split already),
+    else the model axis split into ``model`` (``gcd(K, model)``) x ``autoregressive``, every rule
+    that named ``model`` naming both but the cache's heads and the K/V projections' (``model``),
+    and the cache's rows over ``data`` x ``autoregressive``. A real mesh keeps its devices in
+    order (so placed parameters stay where they are); an abstract mesh stays abstract."""
+    model = mesh.shape.get("model", 1)
+    heads = math.gcd(kv_heads, model)
+    if heads == model or DECODE_AXIS in mesh.shape:
+        return mesh, dict(rules)
+    sizes, names = (mesh.shape["data"], heads, model // heads), ("data", "model", DECODE_AXIS)
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        split = jax.sharding.AbstractMesh(sizes, names)
+    else:
+        split = Mesh(mesh.devices.reshape(sizes), names, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    out: dict[str, MeshAxes] = {}
+    for logical, rule in rules.items():
+        axes = _axes(rule)
+        if logical == "cache_batch":
+            out[logical] = (*axes, DECODE_AXIS)
+        elif logical in ("kv_heads", "cache_heads") or "model" not in axes:
+            out[logical] = rule
+        else:  # heads, mlp, vocab: the whole model axis, now two
+            out[logical] = tuple(x for a in axes for x in ((a, DECODE_AXIS) if a == "model" else (a,)))
+    return split, out
+
+
 def param_shardings(
-    params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES
+    params: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = RULES
 ) -> tuple[Any, list[Replication]]:
     """``NamedSharding`` per parameter of a pure-dict param tree, and what had to be replicated."""
     replicated: list[Replication] = []
@@ -234,7 +288,7 @@ _ACTIVE = threading.local()
 
 
 @contextlib.contextmanager
-def activation_sharding(mesh: Mesh, rules: Mapping[str, str | None] = RULES):
+def activation_sharding(mesh: Mesh, rules: Mapping[str, MeshAxes] = RULES):
     """While a function is traced inside this context, ``constrain`` pins activations to the
     specs the rules give on ``mesh``. Outside it ``constrain`` does nothing (one device)."""
     check_rules(rules, mesh)
@@ -259,13 +313,14 @@ def constrain(x: Any, kind: str) -> Any:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, ps))
 
 
-def check_rules(rules: Mapping[str, str | None], mesh: Mesh) -> None:
-    """Every rule maps to an axis of ``mesh`` (or None), and every logical axis the model uses has a rule."""
-    for logical, mesh_axis in rules.items():
-        if mesh_axis is not None and mesh_axis not in mesh.shape:
-            raise ValueError(
-                f"rule {logical!r} -> {mesh_axis!r}: no such mesh axis (mesh axes: {tuple(mesh.shape)})"
-            )
+def check_rules(rules: Mapping[str, MeshAxes], mesh: Mesh) -> None:
+    """Every rule maps to axes of ``mesh`` (or None), and every logical axis the model uses has a rule."""
+    for logical, rule in rules.items():
+        for mesh_axis in _axes(rule):
+            if mesh_axis not in mesh.shape:
+                raise ValueError(
+                    f"rule {logical!r} -> {mesh_axis!r}: no such mesh axis (mesh axes: {tuple(mesh.shape)})"
+                )
     used = {a for axes in (*ACTIVATION_AXES.values(), *_PARAM_AXES.values()) for a in axes}
     used |= {"buckets", "vocab", "embed"}
     missing = sorted(used - set(rules))
@@ -275,7 +330,7 @@ def check_rules(rules: Mapping[str, str | None], mesh: Mesh) -> None:
         )
 
 
-def train_rules(fsdp: bool, d_model: int, mesh: Mesh) -> dict[str, str | None]:
+def train_rules(fsdp: bool, d_model: int, mesh: Mesh) -> dict[str, MeshAxes]:
     """The rules of a train run: ``FSDP_RULES`` when ``fsdp`` (checked: ``data`` must divide
     ``d_model``, else nothing would be saved), else ``RULES``."""
     if not fsdp:
@@ -298,7 +353,7 @@ def shards(pspec: PartitionSpec, mesh: Mesh) -> int:
     return n
 
 
-def rules_key(rules: Mapping[str, str | None] | None) -> tuple[tuple[str, str | None], ...] | None:
+def rules_key(rules: Mapping[str, MeshAxes] | None) -> tuple[tuple[str, MeshAxes], ...] | None:
     """Rules as a hashable value (a static argument of ``jax.jit``)."""
     return None if rules is None else tuple(sorted(rules.items()))
 
@@ -319,7 +374,7 @@ def check_batch(batch: Mapping[str, Any], mesh: Mesh) -> None:
             )
 
 
-def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, str | None] = RULES) -> Any:
+def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, MeshAxes] = RULES) -> Any:
     """Place a pure-dict param tree on ``mesh`` by the rules (already placed leaves are resharded)."""
     shardings, _ = param_shardings(params, mesh, rules)
     return jax.device_put(params, shardings)

@@ -197,6 +197,24 @@ def test_cli_doubling_output_len_doubles_self_cache(capsys):
     assert _cache_row(out2, "cross") == _cache_row(out1, "cross")
 
 
+@pytest.mark.parametrize("k", [1, 2, 4, 8, 64])
+def test_cli_mesh_shows_each_device_holding_its_share_of_the_cache(capsys, k):
+    """``--mesh 1x8`` on XXL at the paper's lengths, batch 256: whatever K, every device holds the
+    cache's total / 8 (K/V heads over model as far as K allows, rows over the rest), none replicated."""
+    code, out, err = _run(
+        capsys, "--preset", "xxl", "--num-kv-heads", str(k), "--batch", "256", "--mesh", "1x8"
+    )
+    assert code == 0, err
+    table = out[out.index("KV cache on mesh 1x8") :]
+    for part in ("self", "cross"):
+        row = re.search(rf"^  {part}\s+P\((.*)\)\s+(\d+)\s+([\d,]+)\s+([\d,]+)$", table, re.MULTILINE)
+        assert row, table
+        assert row.group(2) == "8" and row.group(3) == row.group(4), table
+        assert int(row.group(3).replace(",", "")) * 8 == _cache_row(out, part)
+        assert ("'autoregressive'" in row.group(1)) == (k < 8), table
+    assert "no cache is replicated" in table
+
+
 def test_cli_preset_all(capsys):
     code, out, err = _run(capsys, "--preset", "all")
     assert code == 0, err
@@ -217,6 +235,7 @@ def test_cli_preset_all(capsys):
         (["--preset", "xxl", "--batch", "two"], "--batch"),
         (["--preset", "xxl", "--dtype", "bf17"], "--dtype: invalid choice: 'bf17'"),
         (["--preset", "xxl", "--attentions", "decoder"], "decoder"),
+        (["--preset", "xxl", "--mesh", "3x"], "mesh '3x' must look like DATAxMODEL"),
         ([], "--preset"),
     ],
 )

@@ -133,14 +133,15 @@ def test_eight_devices_cache_and_arguments_per_device():
     for r in (sharded, replicated):
         assert all(c["ok"] for c in r["checks"]), r["checks"]
     for kind in ("self", "cross"):
-        for k, r, shards in ((4, sharded, 8), (2, replicated, 2)):  # K = 2 on model 4: over data only
+        for k, r, shards in ((4, sharded, 8), (2, replicated, 8)):  # K = 2 on model 4: rows over the rest
             total = cache.expected_cache_bytes(preset("tiny", num_kv_heads=k), 4, 16, 8, "bfloat16")[kind]
             assert r["decode"]["cache_layout"][kind]["shards"] == shards
             assert (
                 r["decode"]["cache_compiled"][kind] == r["decode"]["cache_formula"][kind] == total // shards
             )
         assert "'model'" in sharded["decode"]["cache_compiled_specs"][kind]
-        assert "'model'" not in replicated["decode"]["cache_compiled_specs"][kind]
+        assert "'autoregressive'" not in sharded["decode"]["cache_compiled_specs"][kind]
+        assert "'autoregressive'" in replicated["decode"]["cache_compiled_specs"][kind]
     assert "replicated over model (4): 4 copies" in replicated["report"]
     assert "no replication: the K/V heads split over model" in sharded["report"]
     # per device: the compiled argument size is below the whole model's bfloat16 bytes

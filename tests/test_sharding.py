@@ -2,6 +2,7 @@
 CPU devices, in a subprocess so this process keeps its single device)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -45,18 +46,50 @@ def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
             assert r["beam_equal"] and r["beam_score_diff"] < 1e-5, r
         shards_kv = model > 1 and r["k"] % model == 0
         assert (r["key_spec"][1:2] == ["model"]) == shards_kv, r  # decoder self-attention K/V heads
-        # the cache [B, K, T, H]: rows over data, K/V heads over model exactly when K % model == 0
+        # the cache [B, K, T, H]: K/V heads over model as far as K allows, rows over data and the
+        # rest of the model axis (the decode layout, test_every_k_decodes_on_the_decode_layout)
         assert r["int8_equal"], r  # the int8 cache (values and scales) sharded like the float one
+        rows = [a for a in ("data", "autoregressive" if not shards_kv else "") if a]
         for cache_spec in (r["cache_self_spec"], r["cache_cross_spec"], *r["int8_specs"]):
             padded = cache_spec + ["None"] * (4 - len(cache_spec))
-            assert padded[0] == ("data" if data > 1 else "None"), r
-            assert padded[1] == ("model" if shards_kv else "None"), r
-        if model > 1 and not shards_kv:
+            want = [a for a in rows if a != "data" or data > 1]
+            assert padded[0] == (str(tuple(want)) if len(want) > 1 else want[0] if want else "None"), r
+        assert r["cache_report"] == "", r  # no cache is replicated
+        if model > 1 and not shards_kv:  # the K/V projections still are (small): logged with their bytes
             assert r["replicated_kv"] == ["key", "value"] and f"{model} copies" in r["report"], r
-            assert f"replicated over model ({model}): {model} copies" in r["cache_report"], r
-            assert "KV cache on mesh" in out.stderr  # the decode logged it
         else:
-            assert r["replicated_kv"] == [] and r["cache_report"] == "", r
+            assert r["replicated_kv"] == [] and r["report"].startswith("no replication"), r
+
+
+DECODE_CASES = [f"{mesh}:{k}" for mesh in ("1x8", "2x4") for k in (1, 2, 4, 8)]
+
+
+def test_every_k_decodes_on_the_decode_layout_as_on_one_device():
+    """On 8 simulated devices, meshes 1x8 and 2x4, K = 1, 2, 4, 8 (N = 8), the float and the int8
+    cache: the greedy tokens equal one device's, and no cache is replicated: every device holds a
+    distinct 1/8 of each cache array (heads over model as far as K allows, rows over the rest),
+    which ``cache.cache_layout`` states as the formula's total / 8."""
+    out = subprocess.run(
+        [sys.executable, str(HERE / "sharded_decode.py"), *DECODE_CASES],
+        env=xla_env.cpu_devices(8), capture_output=True, text=True, timeout=900, cwd=HERE.parent,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [f"{r['mesh']}:{r['k']}" for r in rows] == DECODE_CASES
+    for r in rows:
+        data, model = map(int, r["mesh"].split("x"))
+        heads = math.gcd(r["k"], model)  # the K/V heads' share of the model axis, the rows take the rest
+        for cache in ("float", "int8"):
+            c = r[cache]
+            assert c["equal"], r
+            for a in c["arrays"]:  # self K and cross V of layer 0 (an int8 entry: values and scales)
+                assert a["distinct"] == 8 and a["per_device"] * 8 == a["total"], r
+                rows_spec = a["spec"][0]
+                assert ("autoregressive" in rows_spec) == (heads < model), r
+                assert (a["spec"][1:2] == ["model"]) == (heads > 1), r
+            assert c["replicated"] == "", r
+            for kind in ("self", "cross"):
+                assert c["layout_per_device"][kind] * 8 == c["layout_total"][kind], r
 
 
 def test_decoding_on_a_one_device_mesh_equals_plain_decoding():
@@ -81,19 +114,25 @@ def test_decoding_on_a_one_device_mesh_equals_plain_decoding():
 
 
 def test_cache_layout_divides_the_formula_by_the_shards():
+    """On 2x4, every K: heads over model as far as K allows, rows over data and the rest, so 8
+    shards at batch 8; at batch 4, K = 1 cannot split its rows 8 ways: they split over data and
+    the 4 copies over ``autoregressive`` are reported."""
     from gqa_jax import cache
     from gqa_jax.config import preset
 
-    fake = type("M", (), {"shape": {"data": 2, "model": 4}, "axis_names": ("data", "model")})()
-    for k, kv_shards in ((8, 4), (4, 4), (2, 1), (1, 1)):
+    mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+    for k, batch, shards in ((8, 8, 8), (4, 8, 8), (2, 8, 8), (1, 8, 8), (2, 4, 8), (1, 4, 2)):
         cfg = preset("tiny", num_heads=8, num_kv_heads=k, grouped_attentions=("decoder_self", "cross"))
-        layout, replicated = cache.cache_layout(cfg, fake, 4, 16, 8, "bfloat16")
-        total = cache.expected_cache_bytes(cfg, 4, 16, 8, "bfloat16")
+        layout, replicated = cache.cache_layout(cfg, mesh, batch, 16, 8, "bfloat16")
+        total = cache.expected_cache_bytes(cfg, batch, 16, 8, "bfloat16")
         for kind in ("self", "cross"):
             assert layout[kind]["total_bytes"] == total[kind]
-            assert layout[kind]["shards"] == 2 * kv_shards
-            assert layout[kind]["bytes_per_device"] == total[kind] // (2 * kv_shards)
-        assert bool(replicated) == (kv_shards == 1)
+            assert layout[kind]["shards"] == shards
+            assert layout[kind]["bytes_per_device"] == total[kind] // shards
+        assert bool(replicated) == (shards < 8)
+        if replicated:
+            report = sharding.replication_report(replicated)
+            assert "cache_batch (4) replicated over autoregressive (4): 4 copies" in report
 
 
 def test_spec_follows_the_rules():

@@ -50,9 +50,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="cache element dtype; int8 / fp8 add a float32 scale per token and K/V head "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="DATAxMODEL",
+        help="also show how the decode cache lies on this mesh's devices: its spec, shards and bytes "
+        "per device (nothing allocated; e.g. 1x8)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from gqa_jax import sharding
     from gqa_jax.config import preset
     from gqa_jax.tools import info
 
@@ -68,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {"num_kv_heads": args.num_kv_heads}
     if attentions is not None:
         overrides["grouped_attentions"] = attentions
+    if args.mesh is not None:
+        sharding.parse_mesh_shape(args.mesh)  # a bad mesh is one line, before any work
     config = preset(args.preset, **overrides)
-    print(info.info_report(config, name=args.preset, **cache_args))
+    print(info.info_report(config, name=args.preset, mesh=args.mesh, **cache_args))
     return 0

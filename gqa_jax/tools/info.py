@@ -9,11 +9,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import jax
 from flax import nnx
 
-from gqa_jax import kv_quant
+from gqa_jax import kv_quant, sharding
 from gqa_jax import model as model_lib
-from gqa_jax.cache import cache_bytes_per_token, expected_cache_bytes
+from gqa_jax.cache import cache_bytes_per_token, cache_layout, expected_cache_bytes
 from gqa_jax.config import ATTENTION_KINDS, T5_1_1_PRESETS, ModelConfig, preset
 
 # Exact parameter counts of the public T5.1.1 checkpoints google/t5-v1_1-{small,base,large,xl,xxl}
@@ -149,8 +150,10 @@ def info_report(
     input_len: int,
     output_len: int,
     dtype: str,
+    mesh: str | None = None,
 ) -> str:
-    """The ``python -m gqa_jax info --preset NAME`` report of one model."""
+    """The ``python -m gqa_jax info --preset NAME`` report of one model (with ``mesh``, DATAxMODEL,
+    also how its cache lies on that mesh's devices)."""
     N, H = config.num_heads, config.head_dim
     heads = kv_heads_by_attention(config)
     variant = attention_name(config.num_kv_heads, N) if config.grouped_attentions else "MHA"
@@ -223,7 +226,35 @@ def info_report(
             ]
         )
     lines += _table(rows)
+    if mesh is not None:
+        lines += ["", *_mesh_lines(config, mesh, batch, input_len, output_len, dtype)]
     return "\n".join(lines)
+
+
+def _mesh_lines(
+    config: ModelConfig, mesh: str, batch: int, input_len: int, output_len: int, dtype: str
+) -> list[str]:
+    """How the decode cache lies on an abstract ``DATAxMODEL`` mesh (``cache.cache_layout``)."""
+    data, model = sharding.parse_mesh_shape(mesh)
+    abstract = jax.sharding.AbstractMesh((data, model), sharding.MESH_AXES)
+    layout, replicated = cache_layout(config, abstract, batch, input_len, output_len, dtype)
+    devices = data * model
+    lines = [f"KV cache on mesh {data}x{model} ({devices} devices; the decode layout, docs/sharding.md)"]
+    rows = [["", "spec [B, K, length, H]", "shards", "bytes per device", "total / devices"]]
+    for kind in ("self", "cross"):
+        k = layout[kind]
+        rows.append(
+            [
+                kind,
+                str(k["spec"]),
+                str(k["shards"]),
+                f"{k['bytes_per_device']:,}",
+                f"{k['total_bytes'] // devices:,}",
+            ]
+        )
+    lines += _table(rows, align="llrrr")
+    lines.append("  " + (sharding.replication_report(replicated) if replicated else "no cache is replicated"))
+    return lines
 
 
 def presets_report(

@@ -62,7 +62,9 @@ def _beam_body(model, encoder_input_ids, *, config: DecodeConfig, beam_size, alp
     max_decode_len, eos_id = config.max_decode_len, config.eos_id
     B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
     # encode B rows once, then repeat the cache for W beams per row
-    cache = decoding.prefill(model, encoder_input_ids, max_decode_len, cache_dtype=config.cache_dtype)
+    cache = decoding.prefill(
+        model, encoder_input_ids, max_decode_len, cache_dtype=config.cache_dtype, rows=config.prefill_rows
+    )
     rows_of = ("self_k", "self_v", "cross_k", "cross_v", "cross_mask")  # the shared index stays
     cache = cache.replace(
         **{f: jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), getattr(cache, f)) for f in rows_of}
@@ -168,7 +170,13 @@ def beam_search(
         graphdef,
         params,
         ids,
-        config=decoding.decode_config(max_decode_len, mesh=mesh, eos_id=eos_id, cache_dtype=cache_dtype),
+        config=decoding.decode_config(
+            max_decode_len,
+            mesh=mesh,
+            eos_id=eos_id,
+            cache_dtype=cache_dtype,
+            prefill_rows=decode_inputs.prefill_rows(config, *ids.shape, mesh),
+        ),
         beam_size=int(beam_size),
         alpha=float(alpha),
         mesh=mesh,

@@ -208,7 +208,9 @@ class DecodeConfig:
     ``cache_dtype`` (None: the model's dtype) is the KV cache's (``gqa_jax.kv_quant``).
     ``kernel`` (one of ``KERNELS``): how the step takes its products; ``decoding.decode_config``
     chooses it for the mesh (``cpu_step.kernel_for``: ``"cpu"`` on one CPU device), the default
-    ``"einsum"`` being the plain products of any backend."""
+    ``"einsum"`` being the plain products of any backend. ``prefill_rows``: the prefill encodes
+    this many rows at a time (None: the kernel's choice; ``decode_inputs.prefill_rows`` sets it
+    where a TPU's compiler needs it)."""
 
     max_decode_len: int
     eos_id: int = 1
@@ -218,7 +220,10 @@ class DecodeConfig:
     return_logits: bool = False
     cache_dtype: str | None = None
     kernel: str = EINSUM_KERNEL
+    prefill_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"DecodeConfig: kernel={self.kernel!r}; choose from {', '.join(KERNELS)}")
+        if self.prefill_rows is not None and not _is_positive_int(self.prefill_rows):
+            raise ValueError(f"DecodeConfig: prefill_rows={self.prefill_rows!r} must be a positive integer")

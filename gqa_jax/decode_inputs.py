@@ -1,6 +1,7 @@
-"""Before a decode program runs: the model in either form, the inputs checked on the host, and the
-parameters and rows placed on a mesh. ``decoding`` and ``beam_search`` call these; nothing here
-is traced except ``mesh_context``, which a jitted decode program enters.
+"""Before a decode program runs: the model in either form, the inputs checked on the host, the
+parameters and rows placed on a mesh, and the prefill's row chunks on a TPU. ``decoding`` and
+``beam_search`` call these; nothing here is traced except ``mesh_context``, which a jitted decode
+program enters.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from gqa_jax.model import T5
 
 Array = jax.Array
 ModelLike = T5 | tuple[Any, Any]  # a T5 module, or nnx.split(model)
+
+# libtpu 0.0.42.1's compiler dies (a stack overflow in its convolution emitter, the whole process)
+# on an encoder whose attention logits [rows, heads, S, S] exceed this many elements per device:
+# XXL at input 2048 compiled with 2**31 (8 rows x 64 heads; 64 rows x 8 heads) and crashed with
+# 2**32 (16 x 64, 128 x 8) on v4:2x2x2. A TPU decode encodes a larger batch in row chunks.
+MAX_ENCODER_LOGITS = 2**31
 
 
 def as_split(model: ModelLike) -> tuple[Any, Any]:
@@ -136,3 +143,28 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any, vocab_size: int) ->
         problems.append(f"top_p={top_p!r} must be in (0, 1]")
     if problems:
         raise ValueError("sample_decode: " + "; ".join(problems))
+
+
+def encoder_logits(config: ModelConfig, rows: int, input_len: int, mesh: Any) -> int:
+    """Elements per device of the encoder's attention logits ``[rows, heads, S, S]`` on ``mesh``
+    (rows over ``data``, heads over the model axis where it divides them)."""
+    data, model = (mesh.shape["data"], mesh.shape["model"]) if mesh is not None else (1, 1)
+    heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
+    return rows // data * heads * input_len * input_len
+
+
+def prefill_rows(config: ModelConfig, batch: int, input_len: int, mesh: Any) -> int | None:
+    """Rows per chunk of the prefill's encoder on a TPU (None: the whole batch at once): the largest
+    divisor of ``batch`` that splits over ``data`` and keeps ``encoder_logits`` within
+    ``MAX_ENCODER_LOGITS``, at least one row per device. Other backends: None (the decode kernel
+    chooses, ``cpu_step`` on a CPU)."""
+    devices = jax.devices() if mesh is None else list(np.asarray(mesh.devices).flat)
+    if devices[0].platform != "tpu" or encoder_logits(config, batch, input_len, mesh) <= MAX_ENCODER_LOGITS:
+        return None
+    data = 1 if mesh is None else mesh.shape["data"]
+    fits = [
+        r
+        for r in range(data, batch, data)
+        if batch % r == 0 and encoder_logits(config, r, input_len, mesh) <= MAX_ENCODER_LOGITS
+    ]
+    return max(fits, default=data)

@@ -55,6 +55,7 @@ from gqa_jax.decode_inputs import (
     config_of,
     mesh_context,
     place,
+    prefill_rows,
     validate_inputs,
 )
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID, T5
@@ -95,10 +96,12 @@ def decode_config(
     top_p: float = 1.0,
     return_logits: bool = False,
     cache_dtype: str | None = None,
+    prefill_rows: int | None = None,
 ) -> DecodeConfig:
     """The static settings of a decode program on ``mesh`` (None: one device), its kernel chosen
     for the mesh by ``cpu_step.kernel_for``: the one place that choice is made, for the decoding
-    API, beam search and every tool that lowers or times a decode program."""
+    API, beam search and every tool that lowers or times a decode program. ``prefill_rows``: as
+    ``decode_inputs.prefill_rows`` gives it for the batch (None: the whole batch at once)."""
     return DecodeConfig(
         max_decode_len=int(max_decode_len),
         eos_id=int(eos_id),
@@ -108,6 +111,7 @@ def decode_config(
         return_logits=return_logits,
         cache_dtype=cache_dtype,
         kernel=cpu_step.kernel_for(mesh),
+        prefill_rows=prefill_rows,
     )
 
 
@@ -120,7 +124,12 @@ def merged(graphdef: Any, params: Any, config: DecodeConfig) -> T5:
 
 
 def prefill(
-    model: T5, encoder_input_ids: Array, max_decode_len: int, *, cache_dtype: str | None = None
+    model: T5,
+    encoder_input_ids: Array,
+    max_decode_len: int,
+    *,
+    cache_dtype: str | None = None,
+    rows: int | None = None,
 ) -> kvcache.KVCache:
     """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``,
     in ``cache_dtype`` (None: the model's dtype; int8 / fp8: quantized, ``gqa_jax.kv_quant``).
@@ -129,10 +138,13 @@ def prefill(
     (``lax.map`` over chunks of at most ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens,
     ``cpu_step.encode_chunk_rows``), so a chunk's activations and ``[N, S, S]`` attention logits
     stay in the CPU caches through a layer instead of the whole batch's streaming through memory
-    at every op. The numbers agree with the batched encoder to float32 rounding."""
+    at every op. ``rows`` given (``DecodeConfig.prefill_rows``: a TPU compiler's limit), the
+    encoder takes that many rows at a time on any kernel. The numbers agree with the batched
+    encoder to float32 rounding."""
     config = model.config
     B, S = encoder_input_ids.shape
-    rows = cpu_step.encode_chunk_rows(B, S) if model.kernel == CPU_KERNEL else B
+    if rows is None:
+        rows = cpu_step.encode_chunk_rows(B, S) if model.kernel == CPU_KERNEL else B
     if rows < B:
         chunks = encoder_input_ids.reshape(B // rows, rows, S)
         encoded = jax.lax.map(model.encode, chunks).reshape(B, S, -1)  # [B, S, D]
@@ -230,7 +242,9 @@ def decode_step(
 # in one program; the tools lower or time the pieces (``step`` alone: the stepped benchmark and the
 # TPU prediction; ``finish``: the decoder's steps timed apart from the prefill).
 def _start(model: T5, ids: Array, key: Array, config: DecodeConfig) -> DecodeState:
-    cache = prefill(model, ids, config.max_decode_len, cache_dtype=config.cache_dtype)
+    cache = prefill(
+        model, ids, config.max_decode_len, cache_dtype=config.cache_dtype, rows=config.prefill_rows
+    )
     return init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
 
 
@@ -371,6 +385,7 @@ def sample_decode(
         top_p=top_p,
         return_logits=return_logits,
         cache_dtype=cache_dtype,
+        prefill_rows=prefill_rows(config_of(model), *ids.shape, mesh),
     )
     state = decode_loop(
         graphdef,

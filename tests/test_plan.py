@@ -143,7 +143,7 @@ def test_eight_devices_cache_and_arguments_per_device():
         assert "'autoregressive'" not in sharded["decode"]["cache_compiled_specs"][kind]
         assert "'autoregressive'" in replicated["decode"]["cache_compiled_specs"][kind]
     assert "replicated over model (4): 4 copies" in replicated["report"]
-    assert "no replication: the K/V heads split over model" in sharded["report"]
+    assert "KV cache: no replication (the decode layout" in sharded["report"]
     # per device: the compiled argument size is below the whole model's bfloat16 bytes
     whole = 2 * param_counts(preset("tiny", num_kv_heads=4))["total"]
     assert sharded["decode"]["params_bytes"] < whole

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gqa_jax import decoding
+from gqa_jax import decode_inputs, decoding
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.cli import options
 from gqa_jax.cli import time as time_cli
@@ -99,18 +99,36 @@ def test_the_cost_is_one_devices_and_the_fit_is_the_whole_loops(tmp_path):
     assert tp.loop_memory(m, s, 8)["total"] == loop > two["total"]
 
 
-def test_the_batch_stays_within_the_compilers_element_limit(tmp_path, monkeypatch):
-    """Above MAX_LOGITS_ELEMENTS the TPU compiler crashes: such a batch is never compiled."""
+def test_a_batch_over_the_compilers_limit_is_costed_from_row_chunks(tmp_path, monkeypatch):
+    """Above MAX_ENCODER_LOGITS the TPU compiler crashes on the encoder, so a TPU encodes the batch
+    in row chunks: the prediction compiles one chunk and scales its cost by the chunks (the record
+    says so), which agrees with an unchunked compile of the same batch below the limit (the flops;
+    the bytes grow, the weights read once per chunk); the step
+    is compiled at the whole batch, on the state the chunks fill; the loop's memory is the chunked
+    loop's, and the auto batch is no longer capped by the limit."""
     s = settings(tmp_path, mesh="4x1")
     tpu = tpu_topology.slice_devices(TOPOLOGY)
-    m = tp._setup(td.model_config(s), tpu, "4x1")
-    per_row = tp.logits_elements(m.config, m, 4, 32)  # one row per chip: heads x S x S
-    assert per_row == m.config.num_heads * 32 * 32
-    monkeypatch.setattr(tp, "MAX_LOGITS_ELEMENTS", 3 * per_row)  # 3 rows per chip at most
+    config = td.model_config(s)
+    whole = tp.compile_programs(tp._setup(config, tpu, "4x1"), 16, s)  # 4 rows per chip: no chunks
+    per_row = decode_inputs.encoder_logits(config, 4, 32, tp._setup(config, tpu, "4x1").mesh)
+    assert per_row == config.num_heads * 32 * 32  # one row per chip: heads x S x S
+    monkeypatch.setattr(decode_inputs, "MAX_ENCODER_LOGITS", 2 * per_row)  # 2 rows per chip at most
+    m = tp._setup(config, tpu, "4x1")
+    chunked = tp.compile_programs(m, 16, s)
+    p = chunked["prefill"]
+    assert (p["rows"], p["chunks"]) == (8, 2) and "cost x 2" in p["scaled"] and "rows" not in whole["prefill"]
+    assert p["cost"]["flops"] == pytest.approx(whole["prefill"]["cost"]["flops"], rel=0.02)
+    # every chunk reads the weights again: more bytes than one pass, less than a pass per chunk
+    assert whole["prefill"]["cost"]["bytes_accessed"] < p["cost"]["bytes_accessed"]
+    assert p["cost"]["bytes_accessed"] < 2 * whole["prefill"]["cost"]["bytes_accessed"]
+    assert chunked["step"]["cost"] == whole["step"]["cost"]  # the same step, at 16 rows
+    planned = plan.PlanSettings(
+        preset="tiny", num_kv_heads=2, mesh="4x1", batch=16, input_len=32, output_len=8,
+        programs=("decode",), batch_search=(), topology=TOPOLOGY,
+    )  # fmt: skip
+    assert plan.plan(planned)["programs"]["decode"]["prefill_rows"] == 8  # the loop as the TPU runs it
     row = tp.predict_mesh(m, s, tpu, limit=2**40, log=lambda _: None)
-    assert row["batch"] == 12 and "exceeds" in row["how"] and set(m.compiled) == set(m.loops) == {12}
-    given = tp.predict_mesh(m, td.TimeSettings(**{**vars(s), "batch": 16}), tpu, 2**40, lambda _: None)
-    assert not given["fits"] and "exceeds" in given["why"]
+    assert row["batch"] == 128 and row["fits"] and row["prefill"]["chunks"] == 16  # 2 of 32 rows per chip
 
 
 def test_a_batch_search_when_the_cap_does_not_fit(tmp_path):

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gqa_jax import cache as kvcache
-from gqa_jax import decoding, kv_quant, training
+from gqa_jax import decode_inputs, decoding, kv_quant, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import ModelConfig, preset
@@ -281,10 +281,12 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     ids = jax.ShapeDtypeStruct((batch, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
+    rows = decode_inputs.prefill_rows(setup.decode_config, batch, s.input_len, mesh)  # a TPU's chunks
     start = time.perf_counter()
     lowered = decoding.decode_loop.lower(
         setup.decode_graphdef, setup.decode_params, ids, key, temperature,
-        config=decoding.decode_config(s.output_len, mesh=mesh, eos_id=EOS_ID, cache_dtype=s.cache_dtype),
+        config=decoding.decode_config(s.output_len, mesh=mesh, eos_id=EOS_ID, cache_dtype=s.cache_dtype,
+                                      prefill_rows=rows),
         mesh=mesh, rules=None,
     )  # fmt: skip
     try:
@@ -305,6 +307,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     )
     return {
         "batch": batch,
+        "prefill_rows": rows,  # None: the encoder took the whole batch at once
         "compile_s": seconds,
         "memory": memory(compiled),
         "cost": cost(compiled),

@@ -151,7 +151,15 @@ def report(res: dict[str, Any]) -> str:
                 "formula; "
                 f"compiled: spec {d['cache_compiled_specs'][kind]}, {human_bytes(d['cache_compiled'][kind])}"
             )
-        lines.append(f"- KV cache: {d['cache_report'] or 'no replication: the K/V heads split over model'}")
+        lines.append(
+            f"- KV cache: {d['cache_report'] or 'no replication (the decode layout, docs/sharding.md)'}"
+        )
+        if d.get("prefill_rows"):
+            lines.append(
+                f"- prefill: the encoder takes {d['prefill_rows']} rows at a time, "
+                f"{d['batch'] // d['prefill_rows']} chunks (the TPU compiler's limit on its attention "
+                "logits, decode_inputs.MAX_ENCODER_LOGITS)"
+            )
     lines += ["", "## Checks (bytes per device)", ""]
     lines += md_table(
         [

@@ -6,7 +6,10 @@ compiler on this host (``tools.tpu_topology``) compiles the two programs a decod
 TPU would run them, for a mesh over the slice's devices:
 
 - the prefill: encoder, every layer's cross-attention K/V projected once into the cache, the empty
-  self-attention cache and the loop's state (``decoding.start``);
+  self-attention cache and the loop's state (``decoding.start``). A batch whose encoder logits
+  exceed the TPU compiler's limit is encoded in row chunks on a TPU
+  (``decode_inputs.prefill_rows``); ``cost_analysis`` counts a loop's body once, so one chunk is
+  compiled and its cost scaled by the chunks (the record's ``prefill`` says so);
 - one decode step: every row's next token, its K/V written into the cache (``decoding.step``, the
   state donated). A step's shapes do not depend on its position (it attends over the whole
   ``T_max`` cache, masked), so every step costs the same.
@@ -19,7 +22,8 @@ once, and the time per sample per chip (the paper's unit) is that time x chips /
 
 The batch: given, or ``auto``, the paper's rule: the largest multiple of the mesh's data axis, at
 most 32 per chip, whose whole decode loop (``plan``'s decode program on that mesh, what
-``greedy_decode`` runs) fits the chip's HBM; a loop the compiler refuses does not fit. One compile
+``greedy_decode`` runs, its prefill chunked where the TPU needs it) fits the chip's HBM; a loop
+the compiler refuses does not fit. One compile
 at the cap when it fits, else the plan's batch search (``batch_search``: memory is affine in the
 batch). The prefill and step alone hold less than the loop (its carry, the tokens), so they are
 compiled for their cost only, at the chosen batch. The mesh: given (``DATAxMODEL``, every chip),
@@ -44,7 +48,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gqa_jax import decoding, training
+from gqa_jax import cache as kvcache
+from gqa_jax import decode_inputs, decoding, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import ModelConfig
@@ -55,12 +60,6 @@ from gqa_jax.tools.compiled_memory import GIB, compile_lowered, cost, memory, ov
 from gqa_jax.tools.measurement import machine_info
 
 RULE_AUTO = f"largest whose decode loop fits the chip, <= {t_infer.PER_DEVICE} per chip"
-# libtpu 0.0.42.1's compiler dies (a stack overflow in its convolution emitter, the whole process)
-# on a prefill whose encoder attention logits [rows, heads, S, S] exceed this many elements per
-# device: XXL at input 2048 compiled with 2**31 (8 rows x 64 heads; 64 rows x 8 heads) and crashed
-# with 2**32 (16 x 64, 128 x 8) on v4:2x2x2. Batches beyond it are not compiled: they do not run.
-MAX_LOGITS_ELEMENTS = 2**31
-LIMIT_TEXT = f"the compiler's limit of {MAX_LOGITS_ELEMENTS:,} attention-logit elements per device"
 MESH_AUTO = "auto"
 WEIGHTS = "none: compiled shapes only"
 
@@ -114,21 +113,18 @@ def _compile(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
         return None, over
 
 
-def logits_elements(config: ModelConfig, m: _Mesh, batch: int, input_len: int) -> int:
-    """Elements per device of the prefill's largest array, the encoder's attention logits
-    ``[rows, heads, S, S]`` (heads split over ``model`` where it divides them)."""
-    model = m.mesh.shape["model"]
-    heads = config.num_heads // model if config.num_heads % model == 0 else config.num_heads
-    return (batch // m.data) * heads * input_len * input_len
-
-
 def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str, Any]:
     """Compile the prefill and one decode step at ``batch`` rows on ``m``: their memory and cost.
-    A program the compiler refuses has ``refused`` (and the temporaries it named) and no cost."""
+    A prefill the TPU encodes in row chunks (``decode_inputs.prefill_rows``: the compiler's limit on
+    the encoder's logits; a loop's body is counted once by ``cost_analysis``) is compiled for one
+    chunk and its cost scaled by the chunks (``rows``, ``chunks`` and ``scaled`` say so; its memory
+    is the chunk's); the step is compiled at ``batch``, on the state the chunks fill. A program the
+    compiler refuses has ``refused`` (and the temporaries it named) and no cost."""
     if batch in m.compiled:
         return m.compiled[batch]
+    rows = decode_inputs.prefill_rows(m.config, batch, s.input_len, m.mesh) or batch
     replicated = NamedSharding(m.mesh, PartitionSpec())
-    ids = jax.ShapeDtypeStruct((batch, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
+    ids = jax.ShapeDtypeStruct((rows, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
     # greedy, EOS never ends a row: every step costs the same (the decode loop's programs, its kernel)
@@ -139,13 +135,20 @@ def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str,
         decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.mesh)
     )
     out["prefill"] = _program(compiled, refused, time.perf_counter() - start)
+    if rows < batch and compiled is not None:
+        chunks = batch // rows
+        out["prefill"]["cost"] = {k: v * chunks for k, v in out["prefill"]["cost"].items()}
+        out["prefill"] |= {
+            "rows": rows,
+            "chunks": chunks,
+            "scaled": f"one chunk of {rows} rows, cost x {chunks}",
+        }
     if compiled is None:
         out["step"] = {"refused": "not compiled: the prefill was refused", "total": out["prefill"]["total"]}
     else:
         start = time.perf_counter()
-        lowered = decoding.step.lower(
-            m.graphdef, m.params, compiled.out_info, temperature, config=config, mesh=m.mesh
-        )
+        state = jax.tree.map(lambda a: _rows_of(a, rows, batch), compiled.out_info)
+        lowered = decoding.step.lower(m.graphdef, m.params, state, temperature, config=config, mesh=m.mesh)
         step_compiled, refused = _compile(lowered)
         out["step"] = _program(step_compiled, refused, time.perf_counter() - start)
     out["total"] = max(out["prefill"]["total"], out["step"]["total"])
@@ -172,6 +175,18 @@ def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]
     return m.loops[batch]
 
 
+_CHUNKED = ("memory", "rows", "chunks", "scaled")  # what the record keeps of a prefill beside its roofline
+
+
+def _rows_of(info: Any, rows: int, batch: int) -> jax.ShapeDtypeStruct:
+    """A compiled output of ``rows`` rows (the prefill's state: every array but the scalars leads
+    with the rows) as the same array of ``batch`` rows, at the same sharding."""
+    shape = tuple(info.shape)
+    if shape and shape[0] == rows:
+        shape = (batch, *shape[1:])
+    return jax.ShapeDtypeStruct(shape, info.dtype, sharding=info.sharding)
+
+
 def _program(compiled: Any, refused: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
     if compiled is None:
         assert refused is not None
@@ -182,31 +197,20 @@ def _program(compiled: Any, refused: dict[str, Any] | None, seconds: float) -> d
 
 # ----------------------------------------------------------------------------- one mesh
 def _largest_batch(m: _Mesh, s: t_infer.TimeSettings, cap: int, limit: int, log) -> tuple[int, str]:
-    """The paper's batch on ``m``: the cap when it fits, else the batch search's (0: none fits).
-    The search starts below the compiler's limit (``MAX_LOGITS_ELEMENTS``) and never compiles
-    above it (such a batch counts as not fitting)."""
-    compilable = [
-        b
-        for b in range(m.data, cap + 1, m.data)
-        if logits_elements(m.config, m, b, s.input_len) <= MAX_LOGITS_ELEMENTS
-    ]
-    if not compilable:
-        return 0, f"even one row per device exceeds {LIMIT_TEXT}"
-    top = compilable[-1]
+    """The paper's batch on ``m``: the cap when its whole decode loop fits, else the batch search's
+    (0: none fits). A batch whose encoder would exceed the compiler's limit is compiled as the TPU
+    runs it, its prefill in row chunks."""
 
     def measure(batch: int) -> int:
-        if batch > top:
-            return limit + 1
         log(f"  mesh {m.name}: compiling the decode loop at batch {batch} for its memory ...")
         total = loop_memory(m, s, batch)["total"]
         log(f"    {total / GIB:.2f} GiB per chip")
         return total
 
-    capped = "" if top == cap else f" (the cap {cap} exceeds {LIMIT_TEXT}: {top} is the largest within it)"
-    if measure(top) <= limit:
-        return top, f"{top} fits" + capped
-    found = search_batch(measure, top, m.data, limit, log)
-    return min(found["largest_batch"], top), found["how"] + capped
+    if measure(cap) <= limit:
+        return cap, f"{cap} fits"
+    found = search_batch(measure, cap, m.data, limit, log)
+    return min(found["largest_batch"], cap), found["how"]
 
 
 def predict_mesh(
@@ -219,9 +223,6 @@ def predict_mesh(
     elif s.batch % m.data:
         return {"mesh": m.name, "batch": s.batch, "fits": False,
                 "why": f"batch {s.batch} does not split over the data axis {m.data}"}  # fmt: skip
-    elif logits_elements(m.config, m, s.batch, s.input_len) > MAX_LOGITS_ELEMENTS:
-        return {"mesh": m.name, "batch": s.batch, "fits": False,
-                "why": f"batch {s.batch} exceeds {LIMIT_TEXT}"}  # fmt: skip
     else:
         batch, how = s.batch, t_infer.RULE_GIVEN
     if not batch:
@@ -230,7 +231,13 @@ def predict_mesh(
     if "refused" in loop:
         return {"mesh": m.name, "batch": batch, "fits": False, "why": loop["refused"]}
     programs = compile_programs(m, batch, s)
-    row: dict[str, Any] = {"mesh": m.name, "batch": batch, "how": how, "loop_total_bytes": loop["total"]}
+    layout, _ = kvcache.cache_layout(
+        m.config, m.mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
+    )
+    row: dict[str, Any] = {
+        "mesh": m.name, "batch": batch, "how": how, "loop_total_bytes": loop["total"],
+        "cache_specs": {kind: str(layout[kind]["spec"]) for kind in layout},  # the decode layout's
+    }  # fmt: skip
     refused = [k for k in ("prefill", "step") if "refused" in programs[k]]
     if refused:
         return {
@@ -244,7 +251,7 @@ def predict_mesh(
     return {
         **row,
         "fits": loop["total"] <= limit,
-        "prefill": {**prefill, "memory": programs["prefill"]["memory"]},
+        "prefill": {**prefill, **{k: v for k, v in programs["prefill"].items() if k in _CHUNKED}},
         "step": {**step, "memory": programs["step"]["memory"]},
         "batch_s": wall,
         "time_per_sample_s": per_sample,

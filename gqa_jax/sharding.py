@@ -214,6 +214,16 @@ def spec(
     return PartitionSpec(*out)
 
 
+def heads_only(mesh: Mesh) -> Mesh:
+    """``mesh`` with a trivial ``autoregressive`` axis: ``decode_mesh`` then leaves it as it is, so a
+    decode program on it holds the cache by K/V heads over ``model`` alone, replicated where K is
+    smaller (the layout before ``decode_mesh``; ``plan --cache-layout heads`` compares the two)."""
+    if DECODE_AXIS in mesh.shape:
+        return mesh
+    sizes, names = (*mesh.devices.shape, 1), (*mesh.axis_names, DECODE_AXIS)
+    return Mesh(mesh.devices.reshape(sizes), names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+
+
 def _axes(rule: MeshAxes) -> tuple[str, ...]:
     return () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
 

@@ -141,3 +141,23 @@ def test_an_8x8_mesh_on_a_64_chip_v4_slice_which_jax_make_mesh_refuses():
     grid = sharding.device_grid((8, 8), devices)
     assert grid.shape == (8, 8) and sorted(d.id for d in grid.flat) == sorted(d.id for d in devices)
     plan.check_settings(settings(preset="tiny", mesh="8x8", batch=64, topology="v4:4x4x4"))  # builds
+
+
+def test_the_decode_layout_holds_a_share_of_the_cache_where_heads_only_holds_copies():
+    """MQA on a 1x4 mesh of a v4 slice: the decode layout splits the cache's rows over the 4 chips
+    (each holds a quarter, compiled as the formula says); ``--cache-layout heads`` keeps the layout
+    before it, every chip holding the whole cache (the paper's section 2.2 waste, reported)."""
+    rows = {}
+    for layout in plan.CACHE_LAYOUTS:
+        res = plan.plan(settings(num_kv_heads=1, mesh="1x4", programs=("decode",), cache_layout=layout))
+        rows[layout] = res["programs"]["decode"]
+    auto, heads = rows["auto"], rows["heads"]
+    for kind in ("self", "cross"):
+        assert auto["cache_layout"][kind]["shards"] == 4 and heads["cache_layout"][kind]["shards"] == 1
+        assert (
+            auto["cache_compiled"][kind] == auto["cache_formula"][kind] == heads["cache_compiled"][kind] // 4
+        )
+        assert "autoregressive" in auto["cache_compiled_specs"][kind]
+    assert auto["cache_report"] == "" and "4 copies" in heads["cache_report"]
+    with pytest.raises(ValueError, match="--cache-layout 'rows'; choose from auto, heads"):
+        plan.check_settings(settings(cache_layout="rows"))

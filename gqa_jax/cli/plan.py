@@ -95,6 +95,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-batch-search", action="store_true", help="no batch search (same as --batch-search none)"
     )
+    p.add_argument(
+        "--cache-layout",
+        default="auto",
+        choices=("auto", "heads"),
+        help="the decode cache's layout: auto, its K/V heads over model as far as K allows and its rows "
+        "over the rest (docs/sharding.md); heads, the K/V heads over model alone, the cache replicated "
+        "where K is smaller (to compare) (default: %(default)s)",
+    )
     options.add_json(p)
 
 
@@ -116,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dtype=args.cache_dtype, param_dtype=args.param_dtype, num_microbatches=args.num_microbatches,
         remat=args.remat,
         fsdp=args.fsdp, scan_layers=args.scan_layers, programs=programs, batch_search=search,
-        topology=args.topology,
+        topology=args.topology, cache_layout=args.cache_layout,
     )  # fmt: skip
     res = plan.plan(settings, log=log)
     print(plan_report.report(res), flush=True)

@@ -93,6 +93,7 @@ class PlanSettings:
     hbm_gib: float | None = None  # None: the TPU chip's with ``topology``, else DEFAULT_HBM_GIB
     dtype: str = "bfloat16"  # activations; the decode params and the KV cache
     cache_dtype: str | None = None  # the decode loop's KV cache (None: dtype; int8 / fp8: kv_quant)
+    cache_layout: str = "auto"  # the decode layout (docs/sharding.md), or "heads": K/V heads over model only
     param_dtype: str = "float32"  # the train step's params (and so its optimizer state)
     num_microbatches: int = 1
     remat: str = "none"  # the train step's rematerialization policy (ModelConfig.remat)
@@ -101,6 +102,12 @@ class PlanSettings:
     programs: tuple[str, ...] = PROGRAMS
     batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
     topology: str | None = None  # a TPU slice (tools.tpu_topology): its devices and compiler, not this host's
+
+
+CACHE_LAYOUTS = (
+    "auto",
+    "heads",
+)  # the decode layout, or the K/V heads over model alone (replicated where K < model)
 
 
 # ------------------------------------------------------------------------------- the setup
@@ -139,6 +146,8 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
     kv_quant.check_cache_dtype(settings.cache_dtype)
+    if settings.cache_layout not in CACHE_LAYOUTS:
+        raise ValueError(f"--cache-layout {settings.cache_layout!r}; choose from {', '.join(CACHE_LAYOUTS)}")
     overrides: dict[str, Any] = {
         "dtype": settings.dtype,
         "param_dtype": settings.param_dtype,
@@ -275,8 +284,10 @@ def _refused_train(
 
 
 def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
-    """Lower and compile the greedy decode loop (prefill + ``output_len`` steps) at ``batch`` rows."""
+    """Lower and compile the greedy decode loop (prefill + ``output_len`` steps) at ``batch`` rows
+    (its cache on ``cache_layout``'s layout)."""
     mesh, s = setup.mesh, setup.settings
+    cache_mesh = sharding_lib.heads_only(mesh) if s.cache_layout == "heads" else mesh
     replicated = NamedSharding(mesh, PartitionSpec())
     ids = jax.ShapeDtypeStruct((batch, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
@@ -287,7 +298,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
         setup.decode_graphdef, setup.decode_params, ids, key, temperature,
         config=decoding.decode_config(s.output_len, mesh=mesh, eos_id=EOS_ID, cache_dtype=s.cache_dtype,
                                       prefill_rows=rows),
-        mesh=mesh, rules=None,
+        mesh=cache_mesh, rules=None,
     )  # fmt: skip
     try:
         compiled = compile_lowered(lowered, _platform(setup.mesh))
@@ -303,7 +314,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     self_bytes = device_bytes((cache.self_k, cache.self_v))
     cross_bytes = device_bytes((cache.cross_k, cache.cross_v))
     layout, replicated_cache = kvcache.cache_layout(
-        setup.decode_config, mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
+        setup.decode_config, cache_mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
     )
     return {
         "batch": batch,

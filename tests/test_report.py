@@ -183,6 +183,27 @@ def test_verdict_rule():
     assert claims_lib.pick(["MHA", "GQA-2", "MQA"], "MHA", like="GQA-2") == "MHA"
 
 
+def test_a_claims_noise_is_never_below_the_spread_across_machines():
+    """One seed each, 4.81420 against 4.81425 (a loss): by the seeds alone 5e-5 apart is reproduced;
+    within the machines' spread of a loss it is within noise, and the claim resolves that spread."""
+    a, b = stats.stat({0: 4.81420}, 1), stats.stat({0: 4.81425}, 1)
+    loss = claims_lib.MACHINE["loss"]
+    assert claims_lib.compare(a, b, higher=False) == "reproduced"
+    assert claims_lib.compare(a, b, higher=False, floor=loss) == "within noise"
+    assert claims_lib.resolvable(a, b) is None and claims_lib.resolvable(a, b, loss) == loss
+    # a decoded score 0.3 points apart, one seed each: within the 0.5 points scores move by
+    f1, f1_other = stats.stat({0: 16.74}, 1), stats.stat({0: 16.44}, 1)
+    claim = claims_lib.chain(
+        "c", ("A", "B"), (f1, f1_other), "", higher=True, floor=claims_lib.MACHINE["score"]
+    )
+    assert (claim.verdict, claim.resolution()) == ("within noise", "0.5")
+    # with seeds spread beyond the floor, the seeds' noise is the rule's
+    seeds = stats.stat({0: 16.0, 1: 18.0}, 2)
+    assert claims_lib.resolvable(seeds, seeds, 0.5) == pytest.approx(2.0)
+    # the measured spreads are inside the floors (docs/experiments.md, "Deterministic")
+    assert 2.9e-5 < claims_lib.MACHINE["loss"] and 0.13 < claims_lib.MACHINE["score"]
+
+
 # ---------------------------------------------------------------------------------- table 1
 def test_table1_rows_in_the_paper_order_with_mean_std_missing_and_fig3(tmp_path):
     sweep, values = table_sweep()

@@ -9,9 +9,15 @@ each side; 0 with one seed): d > noise is "reproduced", |d| <= noise "within noi
 Stability compares the mean over tasks of each model's per-task std over seeds, with the noise
 of a std estimate, sqrt((s_A^2 + s_B^2) / (2 (n - 1))), n the fewest seeds of a cell.
 
+A claim about quality never takes a noise below the spread of the same number across machines
+(:data:`MACHINE`: the runs are deterministic on one machine, but XLA:CPU's code generation follows
+the CPU, and a loss moves by up to 3e-5 and a decoded score by up to 0.13 points from one to another;
+docs/experiments.md, "Deterministic"): d must exceed it too, one seed or many. Time claims have no
+floor (their repeats' spread is measured on the machine that timed them).
+
 Each claim also states the smallest difference its numbers could resolve (:func:`resolvable`: the
-noise above; none where a side has one seed or one timing repeat, so no spread). A claim that can
-not be tested at a setting (its sanity claims failed, ``parts.sanity_claims``) is
+noise above; none where a side has one seed or one timing repeat and no floor applies). A claim
+that can not be tested at a setting (its sanity claims failed, ``parts.sanity_claims``) is
 :data:`NOT_TESTABLE`.
 
 Numbers are duck-typed: anything with ``mean`` (None: missing), ``std`` and ``n`` attributes.
@@ -29,11 +35,15 @@ NOT_TESTABLE = "not testable at this setting"
 NOT_IN_SWEEP = "not in this sweep"  # a claim the sweep has no runs for (missing: runs not done)
 RULE = (
     'Verdict rule: for "A better than B", d is the difference in the claim\'s direction and noise = '
-    "sqrt(std_A² + std_B²) over seeds (0 with one seed): d > noise → reproduced, |d| ≤ noise → within "
-    'noise, d < −noise → not reproduced; for "A ≥ B" any d ≥ 0 is reproduced. A chain takes the worst '
-    "of its pairs; any missing number → missing. Stability: the mean over tasks of each model's std over "
-    "seeds, noise = sqrt((s_A² + s_B²) / (2 (n − 1)))."
+    "sqrt(std_A² + std_B²) over seeds (0 with one seed), for a score or a loss never below its spread "
+    "across machines (0.5 points for a decoded score, 1e-4 for a loss; time: none): d > noise → "
+    'reproduced, |d| ≤ noise → within noise, d < −noise → not reproduced; for "A ≥ B" any d ≥ 0 is '
+    "reproduced. A chain takes the worst of its pairs; any missing number → missing. Stability: the mean "
+    "over tasks of each model's std over seeds, noise = sqrt((s_A² + s_B²) / (2 (n − 1)))."
 )
+# The most one number moves between machines, with margin (measured: docs/experiments.md, "Deterministic"):
+# a loss (nats) by up to 2.9e-5, a decoded score (points) by up to 0.13. A time has its own spread.
+MACHINE = {"score": 0.5, "loss": 1e-4}
 KINDS = ("MHA", "GQA", "MQA")
 
 
@@ -51,12 +61,15 @@ class Claim:
         return "no spread (one seed or repeat)" if self.resolves is None else f"{self.resolves:.3g}"
 
 
-def resolvable(a: Any, b: Any) -> float | None:
-    """The smallest difference between ``a`` and ``b`` that the verdict rule resolves (their noise),
-    None when either is missing or has no spread (one seed, one repeat)."""
-    if missing(a) or missing(b) or a.std is None or b.std is None:
+def resolvable(a: Any, b: Any, floor: float = 0.0) -> float | None:
+    """The smallest difference between ``a`` and ``b`` that the verdict rule resolves (their noise,
+    at least ``floor``: :data:`MACHINE`'s), None when either is missing, or has no spread (one seed,
+    one repeat) and there is no floor."""
+    if missing(a) or missing(b):
         return None
-    return math.hypot(a.std, b.std)
+    if a.std is None or b.std is None:
+        return floor or None
+    return max(math.hypot(a.std, b.std), floor)
 
 
 def coarsest(values: Sequence[float | None]) -> float | None:
@@ -75,12 +88,13 @@ def missing(s: Any) -> bool:
     return s is None or s.mean is None
 
 
-def compare(a: Any, b: Any, *, higher: bool, strict: bool = True) -> str:
-    """ "``a`` better than ``b``" (strict) or "at least as good" (higher or lower is better)."""
+def compare(a: Any, b: Any, *, higher: bool, strict: bool = True, floor: float = 0.0) -> str:
+    """ "``a`` better than ``b``" (strict) or "at least as good" (higher or lower is better), the
+    noise at least ``floor``."""
     if missing(a) or missing(b):
         return MISSING
     d = a.mean - b.mean if higher else b.mean - a.mean
-    return verdict(d, math.hypot(a.std or 0.0, b.std or 0.0), strict=strict)
+    return verdict(d, max(math.hypot(a.std or 0.0, b.std or 0.0), floor), strict=strict)
 
 
 def worst(verdicts: Sequence[str]) -> str:
@@ -124,11 +138,12 @@ def show(name: Any, s: Any, unit: str = "") -> str:
 
 
 def chain(name: str, labels: Sequence[Any], stats: Sequence[Any], unit: str, **how: Any) -> Claim:
-    """ "stats[0] better than stats[1] better than ..." (``compare``'s ``how``) with the pairs'
-    worst verdict; a label None: that model has no run in the sweep."""
+    """ "stats[0] better than stats[1] better than ..." (``compare``'s ``how``, its ``floor`` too)
+    with the pairs' worst verdict; a label None: that model has no run in the sweep."""
     if any(label is None for label in labels):
         return Claim(name, "no run of one of the models in this sweep", MISSING)
     pairs = [compare(a, b, **how) for a, b in zip(stats, stats[1:], strict=False)]
-    resolves = coarsest([resolvable(a, b) for a, b in zip(stats, stats[1:], strict=False)])
+    floor = how.get("floor", 0.0)
+    resolves = coarsest([resolvable(a, b, floor) for a, b in zip(stats, stats[1:], strict=False)])
     evidence = ", ".join(show(n, s, unit) for n, s in zip(labels, stats, strict=True))
     return Claim(name, evidence, worst(pairs), resolves)

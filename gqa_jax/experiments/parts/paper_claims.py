@@ -53,7 +53,8 @@ def conversion(fig4: Fig4) -> Claim:
     methods = ("mean", "first", "random")
     stats = [fig4.bars[m][-1] if m in fig4.bars else None for m in methods]  # [-1]: over the tasks
     labels = [m if m in fig4.bars else None for m in methods]
-    return rule.chain(name, labels, stats, "", higher=not fig4.lower_is_better)
+    floor = rule.MACHINE["loss" if fig4.lower_is_better else "score"]
+    return rule.chain(name, labels, stats, "", higher=not fig4.lower_is_better, floor=floor)
 
 
 def alpha_zero(fig5: Fig5) -> Claim:
@@ -69,8 +70,9 @@ def alpha_zero(fig5: Fig5) -> Claim:
         return Claim(name, evidence, MISSING)
     gap_g, gap_m = abs(g.mean - ref.mean), abs(m.mean - ref.mean)
     evidence += f"; gap to {ref_name}: {gqa} {gap_g:.4g}, {mqa} {gap_m:.4g}"
-    verdict = rule.verdict(gap_m - gap_g, math.hypot(g.std or 0.0, m.std or 0.0))
-    return Claim(name, evidence, verdict, rule.resolvable(g, m))
+    floor = rule.MACHINE["loss" if fig5.lower_is_better else "score"]
+    verdict = rule.verdict(gap_m - gap_g, max(math.hypot(g.std or 0.0, m.std or 0.0), floor))
+    return Claim(name, evidence, verdict, rule.resolvable(g, m, floor))
 
 
 def quality(table: Table1) -> Claim:
@@ -79,7 +81,7 @@ def quality(table: Table1) -> Claim:
     mqa, gqa, mha = rule.three(list(rows))
     labels = (mha, gqa, mqa)
     stats = [rows[m].plain_mean if m else None for m in labels]
-    return rule.chain(name, labels, stats, "", higher=True, strict=False)
+    return rule.chain(name, labels, stats, "", higher=True, strict=False, floor=rule.MACHINE["score"])
 
 
 def quality_loss(table: Table1) -> Claim:
@@ -90,7 +92,7 @@ def quality_loss(table: Table1) -> Claim:
     if any(m is not None and not rows[m].has_losses for m in labels):
         return Claim(name, "no dev loss in results.json (evaluated before it was recorded)", MISSING)
     stats = [rows[m].mean_loss if m else None for m in labels]
-    return rule.chain(name, labels, stats, "", higher=False, strict=False)
+    return rule.chain(name, labels, stats, "", higher=False, strict=False, floor=rule.MACHINE["loss"])
 
 
 def stability(table: Table1) -> Claim:

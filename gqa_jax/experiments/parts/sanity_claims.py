@@ -84,12 +84,16 @@ def larger_beats_smaller(table: Table1) -> tuple[Claim, Claim]:
         return Claim(names[0], why, NOT_IN_SWEEP), Claim(names[1], why, NOT_IN_SWEEP)
     small, large = sized[0][1], sized[-1][1]
     labels = (large.model, small.model)
-    score = rule.chain(names[0], labels, (large.plain_mean, small.plain_mean), "", higher=True)
+    floors = rule.MACHINE
+    score = rule.chain(
+        names[0], labels, (large.plain_mean, small.plain_mean), "", higher=True, floor=floors["score"]
+    )
     if not (large.has_losses and small.has_losses):
         return score, Claim(
             names[1], "no dev loss in results.json (evaluated before it was recorded)", MISSING
         )
-    return score, rule.chain(names[1], labels, (large.mean_loss, small.mean_loss), "", higher=False)
+    losses = (large.mean_loss, small.mean_loss)
+    return score, rule.chain(names[1], labels, losses, "", higher=False, floor=floors["loss"])
 
 
 def uptrained_beats_converted(fig5: Fig5 | None) -> Claim:
@@ -98,6 +102,7 @@ def uptrained_beats_converted(fig5: Fig5 | None) -> Claim:
     if fig5 is None or 0 not in fig5.alphas:
         return Claim(name, "no Fig. 5 runs at alpha 0 in this sweep", NOT_IN_SWEEP)
     i0 = list(fig5.alphas).index(0)
+    floor = rule.MACHINE["loss" if fig5.lower_is_better else "score"]
     verdicts, resolves, evidence = [], [], []
     for model, line in fig5.lines.items():
         start = line[i0]
@@ -105,8 +110,8 @@ def uptrained_beats_converted(fig5: Fig5 | None) -> Claim:
         for a, point in zip(fig5.alphas, line, strict=True):
             if a == 0:
                 continue
-            verdicts.append(rule.compare(point, start, higher=not fig5.lower_is_better))
-            resolves.append(rule.resolvable(point, start))
+            verdicts.append(rule.compare(point, start, higher=not fig5.lower_is_better, floor=floor))
+            resolves.append(rule.resolvable(point, start, floor))
             shown.append(rule.show(f"α {a:g}", point))
         evidence.append(f"{model}: " + ", ".join(shown))
     if not verdicts:
@@ -131,8 +136,8 @@ def finetuned_beats_start(table: Table1, starts: Mapping[tuple[str, str], Stat])
             start = starts.get((r.model, task))
             if start is None:
                 continue
-            verdicts.append(rule.compare(r.scores[task], start, higher=True))
-            resolves.append(rule.resolvable(r.scores[task], start))
+            verdicts.append(rule.compare(r.scores[task], start, higher=True, floor=rule.MACHINE["score"]))
+            resolves.append(rule.resolvable(r.scores[task], start, rule.MACHINE["score"]))
             if not (rule.missing(start) or rule.missing(r.scores[task])):
                 gains.append((r.scores[task].mean - start.mean, r.model, start, r.scores[task]))
         if gains:
@@ -177,7 +182,8 @@ class SanityClaimsPart(Part[Sanity]):
             "## Sanity claims",
             "",
             "Orderings any setting that can test the paper must show, by the same verdict rule as the "
-            "paper's claims (below); \"resolves\" is the smallest difference the seeds' spread resolves.",
+            "paper's claims (below); \"resolves\" is the smallest difference the seeds' spread resolves, "
+            "never below the number's spread across machines.",
             "",
             *md.table(["claim", "numbers", "resolves", "verdict"], _rows(result.claims)),
             "",

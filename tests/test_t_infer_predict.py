@@ -23,7 +23,7 @@ from gqa_jax.experiments.parts import md as md_lib
 from gqa_jax.experiments.parts import records
 from gqa_jax.experiments.stats import Stat
 from gqa_jax.experiments.sweep import Run, Sweep
-from gqa_jax.tools import plan, tpu_topology
+from gqa_jax.tools import compiled_memory, plan, tpu_topology
 from gqa_jax.tools import t_infer as td
 from gqa_jax.tools import t_infer_predict as tp
 from gqa_jax.tools.compiled_memory import compile_lowered
@@ -140,6 +140,33 @@ def test_a_batch_search_when_the_cap_does_not_fit(tmp_path):
     row = tp.predict_mesh(m, s, tpu, limit, lambda _: None)
     assert 4 <= row["batch"] < 128 and row["batch"] % 4 == 0 and row["fits"]
     assert m.loops[row["batch"]]["total"] <= limit < m.loops[row["batch"] + 4]["total"]
+
+
+def test_a_refused_loop_counts_the_temporaries_it_names_so_the_search_stays_short(tmp_path, monkeypatch):
+    """A loop the compiler refuses over the chip's HBM (MHA-XXL at 256 rows) enters the batch search
+    as the temporaries its refusal names plus the parameters, so the affine fit stays sane: the
+    search lands at the largest batch that fits in a few compiles instead of walking up one row at
+    a time. (Memory simulated: a line of 1 GiB + 0.1 GiB per row, refused over 30 GiB.)"""
+    s = settings(tmp_path, mesh="4x1")
+    tpu = tpu_topology.slice_devices(TOPOLOGY)
+    m = tp._setup(td.model_config(s), tpu, "4x1")
+    gib, compiled = 2**30, []
+
+    def planned(settings, log=None):
+        compiled.append(settings.batch)
+        total = int((1 + 0.1 * settings.batch) * gib)
+        if total > 30 * gib:
+            temp = (total - compiled_memory.device_bytes(m.params)) / gib
+            raise ValueError(f"the TPU compiler refused the decode loop at batch {settings.batch}: "
+                             f"the total memory required for HLO temporaries ({temp:.2f}G) exceeds "
+                             "available HBM (30.75G)")  # fmt: skip
+        return {"programs": {"decode": {"memory": {"total": total}, "compile_s": 0.0}}}
+
+    monkeypatch.setattr(plan, "plan", planned)
+    batch, how = tp._largest_batch(m, s, 512, 16 * gib, lambda _: None)  # the cap: 52.2 GiB, refused
+    assert batch == 148, how  # 1 + 0.1 x 148 = 15.8 GiB fits 16, 152 rows do not
+    assert m.loops[512]["refused"] and m.loops[512]["total"] == pytest.approx(52.2 * gib, rel=1e-3)
+    assert len(compiled) <= 5, compiled
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -56,7 +56,15 @@ from gqa_jax.config import ModelConfig
 from gqa_jax.tools import plan, t_infer, tpu_topology
 from gqa_jax.tools.batch_search import search_batch
 from gqa_jax.tools.bench_models import NEVER_EOS
-from gqa_jax.tools.compiled_memory import GIB, compile_lowered, cost, memory, over_hbm, with_shardings
+from gqa_jax.tools.compiled_memory import (
+    GIB,
+    compile_lowered,
+    cost,
+    device_bytes,
+    memory,
+    over_hbm,
+    with_shardings,
+)
 from gqa_jax.tools.measurement import machine_info
 
 RULE_AUTO = f"largest whose decode loop fits the chip, <= {t_infer.PER_DEVICE} per chip"
@@ -165,13 +173,16 @@ def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]
             input_len=s.input_len, output_len=s.output_len, dtype=s.dtype, cache_dtype=s.cache_dtype,
             programs=("decode",), batch_search=(), topology=s.predict,
         )  # fmt: skip
+        start = time.perf_counter()
         try:
             row = plan.plan(settings)["programs"]["decode"]
             m.loops[batch] = {"total": row["memory"]["total"], "compile_s": row["compile_s"]}
         except ValueError as err:  # the compiler refused the loop over the chip's HBM
-            if "refused" not in str(err):
+            if (over := over_hbm(err)) is None:
                 raise
-            m.loops[batch] = {"total": 2**62, "refused": str(err), "compile_s": 0.0}
+            # the temporaries it named plus the parameters: a lower bound the batch search fits a line to
+            total = over["temp"] + device_bytes(m.params)
+            m.loops[batch] = {"total": total, "refused": str(err), "compile_s": time.perf_counter() - start}
     return m.loops[batch]
 
 
@@ -201,15 +212,15 @@ def _largest_batch(m: _Mesh, s: t_infer.TimeSettings, cap: int, limit: int, log)
     (0: none fits). A batch whose encoder would exceed the compiler's limit is compiled as the TPU
     runs it, its prefill in row chunks."""
 
-    def measure(batch: int) -> int:
+    def loop_bytes(batch: int) -> int:
         log(f"  mesh {m.name}: compiling the decode loop at batch {batch} for its memory ...")
         total = loop_memory(m, s, batch)["total"]
         log(f"    {total / GIB:.2f} GiB per chip")
         return total
 
-    if measure(cap) <= limit:
+    if loop_bytes(cap) <= limit:
         return cap, f"{cap} fits"
-    found = search_batch(measure, cap, m.data, limit, log)
+    found = search_batch(loop_bytes, cap, m.data, limit, log)
     return min(found["largest_batch"], cap), found["how"]
 
 

@@ -15,7 +15,8 @@ source -> the names it calls, F1: an answer read from the input, like TriviaQA's
 checkpoint is scored on the dev split (its task metric and its teacher-forced dev loss, on 256
 examples: all of modsum's 26), each role is also scored before fine-tuning
 (``eval_<role>_<task>_start``: the sanity claims' step 0), and each role's greedy decoding is
-timed at the tasks' lengths (every time run repeats its timing ``time.runs`` times).
+timed at the timing shape (``time``: batch 32, 256 input tokens, 256 output; every time run repeats
+its timing ``time.runs`` times, the decoder's steps alone too).
 ``stdlib_docsum`` and ``stdlib_qa`` are not in the default scale: no role read its input there
 at any setting tried (docsum: a constant sentence scores above every fine-tuned model; qa: F1
 0.82, one common name prefix for every question; docs/experiments.md); the ``large`` scale keeps
@@ -29,9 +30,9 @@ them beside calls and modsum, to find out whether larger roles do. The figures:
   uptraining seeds of each;
 - Fig. 5: the XXL role's MQA and GQA at alpha 0 (converted, no step), 0.05 and 0.1, on the same
   proxy, with the MHA XXL role's pre-training dev loss as the reference line;
-- Fig. 6: time per sample against the number of groups (1, 2, 4, 8) at the XXL role's shape on
-  long inputs (converted weights, EOS disabled), with the float cache and (beyond the paper) an
-  int8 KV cache (``--set caches=float`` for the float line alone; the quick scale's default).
+- Fig. 6: time per sample against the number of groups (1, 2, 4, 8) at the XXL role's shape and
+  the timing shape (converted weights, EOS disabled), with the float cache and (beyond the paper)
+  an int8 KV cache (``--set caches=float`` for the float line alone; the quick scale's default).
 
 Settings that differ from the paper's, and why: fine-tuning at batch 8 for 600 steps on calls
 and 200 on modsum (its 436 training examples, about 4 epochs), the learning rate 0.005 falling
@@ -39,8 +40,11 @@ linearly to 0 (``optimizer.schedule=linear``; the paper: a constant 0.001, batch
 convergence; at a constant 0.01 the dev score jumped by points between evaluations, at 0.001
 these small models barely move), no dropout (a quarter of a fine-tuning step on this CPU), the
 tasks at shorter lengths than the suite's own (512 and 2048 inputs cost seconds per step on a
-CPU), timing at batch 8 in float32 (bfloat16 is slow on a CPU). Greedy decoding, the best dev
-checkpoint and the conversion are the paper's.
+CPU), timing in float32 (bfloat16 is slow on a CPU) at one shape, batch 32 (the paper's rule: the
+largest batch that fits, up to 32 per chip; everything fits here) with 256 input and 256 output
+tokens, where the KV cache is most of what a decoder step reads and the decoder's steps most of the
+time (at the tasks' 256 / 32 and batch 8 the prefill was half of it; docs/experiments.md has the
+pilot). Greedy decoding, the best dev checkpoint and the conversion are the paper's.
 
 Scales (``--set scale=...``): ``default`` (the README's main command), ``quick`` (the test
 suite's: one task, few steps, a smoke run of a few minutes), ``large`` (bigger roles and longer
@@ -104,9 +108,11 @@ SCALES = {
         },
         "eval_examples": 64,
         "evaluate_examples": 256,  # modsum's dev split has 26: all of them
-        "time": {"batch": 8, "runs": 5},
+        # Table 1's and Fig. 6's time runs at one shape where the cache is most of what a decoder step
+        # reads and the steps most of the time (docs/experiments.md); lengths None: the tasks'
+        "time": {"batch": 32, "runs": 5, "lengths": (256, 256)},
         "groups": (1, 2, 4, 8),
-        "long": (2048, 512),  # the paper's Fig. 6 lengths; at 2048 / 256 the prefill was 60-76% (docs)
+        "fig6_lengths": (256, 256),
         "caches": "float,int8",
     },
     "quick": {
@@ -131,9 +137,9 @@ SCALES = {
         },
         "eval_examples": 4,
         "evaluate_examples": 4,
-        "time": {"batch": 2, "runs": 5},
+        "time": {"batch": 16, "runs": 5, "lengths": (64, 64)},  # as the default: the cache 84% of a step
         "groups": (1, 8),
-        "long": (128, 4),
+        "fig6_lengths": (64, 64),
         "caches": "float",
     },
     "large": {
@@ -172,9 +178,9 @@ SCALES = {
         "finetune": {"num_train_steps": 3000, "eval_every": 500, "batch_size": 32, "learning_rate": 0.001},
         "eval_examples": 512,
         "evaluate_examples": None,
-        "time": {"batch": "auto", "runs": 5},
+        "time": {"batch": "auto", "runs": 5, "lengths": None},  # the tasks' lengths
         "groups": (1, 2, 4, 8, 16),
-        "long": (2048, 512),
+        "fig6_lengths": (2048, 512),
         "caches": "float,int8",
     },
 }
@@ -314,9 +320,11 @@ def get_sweep(params):
             runs.append(R.convert(f"convert_xxl_k{k}", src["XXL"], k, deps=("pretrain_xxl",)))
     # Time runs last: each runs alone (the runner never starts anything beside a time run).
     timing = {"batch": s["time"]["batch"], "runs": s["time"]["runs"], "dtype": "float32"}
+    # at the timing shape, or (None) at each task's lengths, each set of lengths once
+    shapes = [s["time"]["lengths"]] if s["time"]["lengths"] else [(inp, tgt) for _, inp, tgt in s["tasks"]]
     for model, start in _roles(s).items():
         key = model.lower().replace("-", "_")
-        for inp, tgt in dict.fromkeys((inp, tgt) for _, inp, tgt in s["tasks"]):  # each set of lengths once
+        for inp, tgt in dict.fromkeys(shapes):
             tags = {"model": model, "lengths": f"{inp}/{tgt}"}
             runs.append(
                 R.time(
@@ -331,7 +339,7 @@ def get_sweep(params):
                     **timing,
                 )
             )
-    long_in, long_out = s["long"]
+    long_in, long_out = s["fig6_lengths"]
     caches = paper.fig6_caches(params["caches"] or s["caches"])
     for cache in caches:
         suffix, options, cache_tags = paper.fig6_cache_run(cache)
@@ -381,7 +389,7 @@ def _paper(s, methods=paper.FIG4_METHODS, caches=("float",)):
         "scale and other tasks, so compare the ordering, not the values."
     )
     heads = s["shapes"]["XXL"]["num_heads"]
-    long_in, long_out = s["long"]
+    long_in, long_out = s["fig6_lengths"]
     return {
         "table1": {"tasks": tasks, "rows": rows, "note": note},
         "fig4": {"methods": list(methods), "claim": "Mean > First > Random"},

@@ -90,7 +90,12 @@ def test_demo_quick_runs_the_mini_sweep_resumes_after_sigkill_and_reports(suite_
     results = json.loads((root / "eval_mqa_xxl_stdlib_calls_s1" / "results.json").read_text())
     assert results["task"] == "stdlib_calls" and 0 < results["examples"] <= 4  # the subset has 2 dev rows
     timing = json.loads((root / "time_xxl_groups_1" / "timing.json").read_text())
-    assert timing["batch"] == 2 and timing["input_len"] == 128 and timing["num_kv_heads"] == 1
+    assert (timing["batch"], timing["input_len"], timing["output_len"], timing["num_kv_heads"]) == (
+        16,
+        64,
+        64,
+        1,
+    )
     alpha0 = [
         json.loads(line) for line in (root / "uptrain_xxl_k2_a0" / "metrics.jsonl").read_text().splitlines()
     ]

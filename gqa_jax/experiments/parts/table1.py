@@ -179,7 +179,8 @@ class Table1Part(Part[Table1]):
             "(one per set of lengths); the paper's: per TPUv4 chip."
             + (f" {FLOOR_NOTE}" if floor else "")
             + (" Of which prefill: the encoder and the cache's set-up alone (timing.json's "
-               "prefill_times_s), the rest is the decoder's steps." if prefill else "")
+               "prefill_times_s), the rest is the decoder's steps (timed alone: beside it)." if prefill
+               else "")
             + (" Decoder steps alone: the step loop timed on a prefilled state, its own repeats "
                "(timing.json's steps_times_s; none in a timing.json written before they were recorded)."
                if timed else "")

@@ -5,6 +5,7 @@ rules, the compiler's element limit, bad input, and a report that labels predict
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -226,6 +227,15 @@ def test_the_read_once_floor_is_the_roofline_of_what_each_program_must_move(pred
     assert 0 < records.read_once_floor(predicted) < predicted["time_per_sample_s"]
     measured = {k: v for k, v in predicted.items() if k != "prediction"}
     assert records.read_once_floor(measured) is None  # a measured time has no floor
+    chunked = copy.deepcopy(predicted)  # a prefill costed from 2 row chunks moves one chunk's bytes twice
+    row = next(m for m in chunked["prediction"]["meshes"] if m["mesh"] == p["mesh"])
+    row["prefill"]["chunks"], row["prefill"]["flops"] = 2, 0.0
+    prefill_once = (
+        2 * (row["prefill"]["memory"]["argument"] + row["prefill"]["memory"]["output"]) / chip.hbm_bytes_per_s
+    )
+    assert records.read_once_floor(chunked) == pytest.approx(
+        (prefill_once + 8 * once[1]) * 4 / predicted["batch"]
+    )
 
 
 def test_the_step_writes_the_cache_at_one_index_without_a_scatter_or_a_loop(tmp_path):

@@ -112,8 +112,9 @@ FLOOR_NOTE = (
 def read_once_floor(timing: Mapping[str, Any]) -> float | None:
     """A predicted time's lower bound, per sample per chip: the prediction's roofline on the mesh and
     batch it chose, with each program's bytes what it must read or write once (its arguments, the
-    weights and the cache, and its outputs not aliased to them; ``memory_analysis``) instead of
-    XLA's count over every op. None for a measured time or a record without those fields."""
+    weights and the cache, and its outputs not aliased to them; ``memory_analysis``; a prefill in
+    row chunks, one chunk's times the chunks) instead of XLA's count over every op. None for a
+    measured time or a record without those fields."""
     p = timing.get("prediction")
     if not isinstance(p, Mapping):
         return None
@@ -122,8 +123,8 @@ def read_once_floor(timing: Mapping[str, Any]) -> float | None:
         row = next(m for m in p["meshes"] if m["mesh"] == p["mesh"])
         seconds = []
         for program in (row["prefill"], row["step"]):
-            mem = program["memory"]
-            once = mem["argument"] + mem["output"] - mem["alias"]
+            mem = program["memory"]  # a prefill costed from row chunks: one chunk's, read once per chunk
+            once = (mem["argument"] + mem["output"] - mem["alias"]) * program.get("chunks", 1)
             seconds.append(max(program["flops"] / chip["peak_bf16_flops"], once / chip["hbm_bytes_per_s"]))
         return _finite((seconds[0] + steps * seconds[1]) * chips / batch)
     except (KeyError, TypeError, StopIteration, ZeroDivisionError):

@@ -72,7 +72,7 @@ def place(
     _, replicated = kvcache.cache_layout(
         config, mesh, ids.shape[0] * beams, ids.shape[1], max_decode_len, cache_dtype or config.dtype, rules
     )
-    if replicated:  # the paper's section 2.2 waste, stated once per shape
+    if replicated:  # rows that do not divide the devices, stated once per shape
         log_once(
             (config, mesh.shape_tuple, ids.shape, max_decode_len, beams),
             f"KV cache on mesh {dict(mesh.shape)}: " + sharding_lib.replication_report(replicated),

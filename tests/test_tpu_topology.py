@@ -130,6 +130,27 @@ def test_a_program_the_tpu_compiler_refuses_is_a_row_that_does_not_fit(monkeypat
         plan.plan(settings(mesh="1x1", batch=2, topology=None, programs=("decode",)))
 
 
+def test_the_decode_batch_search_passes_over_a_batch_the_compiler_refuses(monkeypatch):
+    """Searching the largest decode batch, a batch the TPU compiler refuses (seen: MQA-XXL at
+    2048 / 512 on v4:2x2x2, batch 741) is a point that does not fit, not the end of the plan."""
+    import jax
+
+    real = plan.compile_lowered
+
+    def refuse_over_4_rows(lowered, platform=None):
+        ids = [a for a in jax.tree.leaves(lowered.args_info) if str(a.dtype) == "int32" and len(a.shape) == 2]
+        if ids[0].shape[0] > 4:
+            raise RuntimeError(REFUSAL)
+        return real(lowered, platform)
+
+    monkeypatch.setattr(plan, "compile_lowered", refuse_over_4_rows)
+    s = settings(mesh="1x1", batch=2, topology=None, programs=("decode",), batch_search=("decode",), hbm_gib=1.0)
+    search = plan.plan(s)["programs"]["decode"]["largest_batch"]
+    refused = [int(b) for b, total in search["compiled_totals"].items() if int(b) > 4]
+    assert refused and all(search["compiled_totals"][str(b)] > 2**30 for b in refused)
+    assert 2 <= search["largest_batch"] <= 4
+
+
 def test_an_8x8_mesh_on_a_64_chip_v4_slice_which_jax_make_mesh_refuses():
     import jax
 

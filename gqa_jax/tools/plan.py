@@ -240,7 +240,13 @@ def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
     except Exception as err:  # the TPU compiler refuses a program over the chip's HBM
         if (over := over_hbm(err)) is None:
             raise
-        return _refused_train(batch, time.perf_counter() - start, state, inputs, over)
+        parts = {
+            "inputs_bytes": device_bytes(inputs),
+            "params_bytes": device_bytes(state.params),
+            "optimizer_bytes": device_bytes(state.opt_state),
+            "other_state_bytes": device_bytes((state.step, state.rng)),
+        }
+        return _refused(batch, time.perf_counter() - start, parts, over)
     seconds = time.perf_counter() - start
     return {
         "batch": batch,
@@ -257,17 +263,10 @@ def compile_train(setup: _Setup, batch: int) -> dict[str, Any]:
     }
 
 
-def _refused_train(
-    batch: int, seconds: float, state: Any, inputs: Any, over: dict[str, Any]
-) -> dict[str, Any]:
-    """A train step the TPU compiler refused: its logical arguments and the temporaries the
-    compiler named (total = their sum, a lower bound); no executable, so no outputs or cost."""
-    parts = {
-        "inputs_bytes": device_bytes(inputs),
-        "params_bytes": device_bytes(state.params),
-        "optimizer_bytes": device_bytes(state.opt_state),
-        "other_state_bytes": device_bytes((state.step, state.rng)),
-    }
+def _refused(batch: int, seconds: float, parts: dict[str, int], over: dict[str, Any]) -> dict[str, Any]:
+    """A program the TPU compiler refused: its logical arguments (``parts``: inputs, params,
+    optimizer and other state) and the temporaries the compiler named (total = their sum, a lower
+    bound); no executable, so no outputs or cost."""
     argument = sum(parts.values())
     mem = {"argument": argument, "output": 0, "alias": 0, "temp": over["temp"], "generated_code": 0}
     return {
@@ -305,10 +304,13 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     except Exception as err:
         if (over := over_hbm(err)) is None:
             raise
-        raise ValueError(
-            f"the TPU compiler refused the decode loop at batch {batch}: {over['message']} (try a smaller "
-            "--batch, --cache-dtype int8 or a larger slice)"
-        ) from None
+        parts = {
+            "inputs_bytes": device_bytes((ids, key, temperature)),
+            "params_bytes": device_bytes(setup.decode_params),
+        }
+        return _refused(
+            batch, time.perf_counter() - start, parts | {"optimizer_bytes": 0, "other_state_bytes": 0}, over
+        )
     seconds = time.perf_counter() - start
     cache = compiled.out_info.cache  # the final DecodeState's cache, at the compiler's shardings
     self_bytes = device_bytes((cache.self_k, cache.self_v))
@@ -378,6 +380,11 @@ def plan(settings: PlanSettings, log: Callable[[str], None] = lambda m: None) ->
 
         measure(s.batch)
         row = dict(cache[s.batch])
+        if program == "decode" and "refused" in row:  # a search may pass over one; the asked batch may not
+            raise ValueError(
+                f"the TPU compiler refused the decode loop at batch {s.batch}: {row['refused']} (try a "
+                "smaller --batch, --cache-dtype int8 or a larger slice)"
+            )
         row["fits"] = row["memory"]["total"] <= limit
         if program in s.batch_search:
             step = _step(setup, program)

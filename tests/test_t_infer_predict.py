@@ -164,8 +164,8 @@ def test_a_refused_loop_counts_the_temporaries_it_names_so_the_search_stays_shor
         return {"programs": {"decode": {"memory": {"total": total}, "compile_s": 0.0}}}
 
     monkeypatch.setattr(plan, "plan", planned)
-    batch, how = tp._largest_batch(m, s, 512, 16 * gib, lambda _: None)  # the cap: 52.2 GiB, refused
-    assert batch == 148, how  # 1 + 0.1 x 148 = 15.8 GiB fits 16, 152 rows do not
+    batch, how = tp._largest_batch(m, s, 512, 4, 16 * gib, lambda _: None)  # the cap: 52.2 GiB, refused
+    assert batch == 148, how  # 1 + 0.1 x 148 = 15.8 GiB fits 16, 152 rows (the next 4 per chip) do not
     assert m.loops[512]["refused"] and m.loops[512]["total"] == pytest.approx(52.2 * gib, rel=1e-3)
     assert len(compiled) <= 5, compiled
 

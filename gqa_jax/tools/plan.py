@@ -420,8 +420,12 @@ def _platform(mesh: Any) -> str:
 
 
 def _step(setup: _Setup, program: str) -> int:
-    """Batch granularity: rows split over ``data`` (and into micro-batches for training)."""
-    return setup.data * (setup.settings.num_microbatches if program == "train" else 1)
+    """Batch granularity: training's rows split over ``data`` and into micro-batches; a decode's a
+    whole number of rows per device, so its cache's rows split evenly over ``data`` x
+    ``autoregressive`` whatever K (a batch they do not divide holds copies of the cache)."""
+    if program == "train":
+        return setup.data * setup.settings.num_microbatches
+    return setup.mesh.devices.size
 
 
 def checks(results: dict[str, Any], platform: str = "cpu") -> list[dict[str, Any]]:

@@ -207,10 +207,14 @@ def _program(compiled: Any, refused: dict[str, Any] | None, seconds: float) -> d
 
 
 # ----------------------------------------------------------------------------- one mesh
-def _largest_batch(m: _Mesh, s: t_infer.TimeSettings, cap: int, limit: int, log) -> tuple[int, str]:
+def _largest_batch(
+    m: _Mesh, s: t_infer.TimeSettings, cap: int, chips: int, limit: int, log
+) -> tuple[int, str]:
     """The paper's batch on ``m``: the cap when its whole decode loop fits, else the batch search's
-    (0: none fits). A batch whose encoder would exceed the compiler's limit is compiled as the TPU
-    runs it, its prefill in row chunks."""
+    in whole rows per chip (0: none fits), so the cache's rows split evenly over ``data`` x
+    ``autoregressive`` and a chunked prefill's chunks are not single rows (a prime batch's would
+    be). A batch whose encoder would exceed the compiler's limit is compiled as the TPU runs it, its
+    prefill in row chunks."""
 
     def loop_bytes(batch: int) -> int:
         log(f"  mesh {m.name}: compiling the decode loop at batch {batch} for its memory ...")
@@ -220,7 +224,7 @@ def _largest_batch(m: _Mesh, s: t_infer.TimeSettings, cap: int, limit: int, log)
 
     if loop_bytes(cap) <= limit:
         return cap, f"{cap} fits"
-    found = search_batch(loop_bytes, cap, m.data, limit, log)
+    found = search_batch(loop_bytes, cap, chips, limit, log)  # whole rows per chip: chunks and shards even
     return min(found["largest_batch"], cap), found["how"]
 
 
@@ -230,7 +234,7 @@ def predict_mesh(
     """The prediction on one mesh: its batch, the two programs' rooflines and the time per sample."""
     cap = t_infer.PER_DEVICE * tpu.chips // m.data * m.data  # <= 32 per chip, rows split over data
     if s.batch == "auto":
-        batch, how = _largest_batch(m, s, cap, limit, log)
+        batch, how = _largest_batch(m, s, cap, tpu.chips, limit, log)
     elif s.batch % m.data:
         return {"mesh": m.name, "batch": s.batch, "fits": False,
                 "why": f"batch {s.batch} does not split over the data axis {m.data}"}  # fmt: skip

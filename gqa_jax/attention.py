@@ -123,7 +123,14 @@ class Attention(nnx.Module):
         """``[B, S, D]`` -> keys, values ``[B, K, S, H]`` each (the cache layout)."""
         k = project("BSD,DKH->BKSH", x, self.key[...].astype(self.dtype))
         v = project("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
-        return constrain(k, "kv"), constrain(v, "kv")
+        return constrain(k, self._kv_kind()), constrain(v, self._kv_kind())
+
+    def _kv_kind(self) -> str:
+        """A cached attention's keys and values are projected as the cache lies (``"cache"``): on a
+        split decode mesh each device projects its own rows, instead of every row's K/V on every
+        device where K is smaller than the model axis (a copy per device of the prefill's cross
+        K/V). Elsewhere the two kinds name the same devices."""
+        return "cache" if self.cached else "kv"
 
     def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
         """Self-attention ``[B, T, D]`` -> queries ``[B, T, N, H]``, keys and values ``[B, K, T, H]``
@@ -132,7 +139,7 @@ class Attention(nnx.Module):
         w = [self.query[...].astype(dt), self.key[...].astype(dt), self.value[...].astype(dt)]
         specs = ["BTD,DNH->BTNH", "BTD,DKH->BKTH", "BTD,DKH->BKTH"]
         q, k, v = project_many(specs, x, w, kernel=self.kernel)
-        return constrain(q, "queries"), constrain(k, "kv"), constrain(v, "kv")
+        return constrain(q, "queries"), constrain(k, self._kv_kind()), constrain(v, self._kv_kind())
 
     def attend(
         self,

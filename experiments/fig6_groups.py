@@ -24,9 +24,10 @@ Predicted instead of timed, on this CPU (libtpu: ``pip install -r requirements-t
 prefill and one decode step for it with the TPU compiler and predicts the time per sample per chip
 by a roofline (``time --predict``, docs/experiments.md), the mesh and batch tuned per model
 (``--set mesh=1x8`` for one mesh: 8-way model parallelism, the fastest in every auto run measured);
-the runs are named ``..._predicted_v4-2x2x2``, beside measured ones. 2 to 4 minutes per run on 2
-cores at ``mesh=1x8``, about 4 alone with every split. The measured predictions (both caches, with
-the read-once floors): docs/experiments.md, "Predicted for the paper's TPUs".
+the runs are named ``..._predicted_v4-2x2x2``, beside measured ones. 3 to 10 minutes per run on 2
+cores at ``mesh=1x8``, two at a time, the longest where the batch is searched (32 and 64 groups).
+The measured predictions (both caches, with the read-once floors): docs/experiments.md, "Predicted
+for the paper's TPUs".
 """
 
 from gqa_jax.experiments import paper

@@ -144,7 +144,9 @@ def test_the_decode_batch_search_passes_over_a_batch_the_compiler_refuses(monkey
         return real(lowered, platform)
 
     monkeypatch.setattr(plan, "compile_lowered", refuse_over_4_rows)
-    s = settings(mesh="1x1", batch=2, topology=None, programs=("decode",), batch_search=("decode",), hbm_gib=1.0)
+    s = settings(
+        mesh="1x1", batch=2, topology=None, programs=("decode",), batch_search=("decode",), hbm_gib=1.0
+    )
     search = plan.plan(s)["programs"]["decode"]["largest_batch"]
     refused = [int(b) for b, total in search["compiled_totals"].items() if int(b) > 4]
     assert refused and all(search["compiled_totals"][str(b)] > 2**30 for b in refused)

@@ -259,17 +259,5 @@ def write_decodes(
             reference = list(reference)
         record = {"input": input_, "prediction": prediction, "reference": reference}
         lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-    if paths.is_remote(path):  # an object appears whole or not at all
-        path.write_text("".join(lines), encoding="utf-8")
-        return path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # Same directory, so the rename is atomic.
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    paths.write_text_atomic(path, "".join(lines))
     return path

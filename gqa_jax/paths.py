@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import tempfile
 from typing import Any
 
 from etils import epath
@@ -59,6 +60,28 @@ def local(path: str | os.PathLike, what: str, why: str) -> epath.Path:
 def is_remote(path: Any) -> bool:
     """Whether ``path`` (a string or path) is a URL such as ``gs://bucket/x``."""
     return _URL.match(os.fspath(path)) is not None
+
+
+def write_text_atomic(file: Any, text: str) -> None:
+    """Write ``text`` to ``file`` so that a reader sees the old content or the new, never part of
+    it: on an object store an object is written whole; locally a temporary file beside it (same
+    directory, so the rename is atomic) is written, synced and renamed over it."""
+    if is_remote(file):
+        epath.Path(file).write_text(text, encoding="utf-8")
+        return
+    fd, tmp = tempfile.mkstemp(
+        dir=os.fspath(epath.Path(file).parent), prefix=f".{os.path.basename(file)}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, file)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def append_text(file: epath.Path, text: str) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gqa_jax import checkpoints, kv_quant, metric_writers, metrics, training
+from gqa_jax import checkpoints, kv_quant, metric_writers, metrics, paths, training
 from gqa_jax.data import tasks as tasks_lib
 
 RESULTS = "results.json"
@@ -68,9 +68,7 @@ def evaluate_checkpoint(
         workdir / DECODES, [d["input"] for d in decodes], [d["prediction"] for d in decodes],
         [d["reference"] for d in decodes],
     )  # fmt: skip
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
+    paths.write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     return result
 
 

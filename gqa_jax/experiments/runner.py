@@ -148,9 +148,7 @@ def _write_status(root: Path, run: Run, argv: list[str], state: str, **fields: A
     directory.mkdir(parents=True, exist_ok=True)
     record = {"name": run.name, "stage": run.stage, "command": argv, "root": str(root),
               "tags": dict(run.tags), "status": state, **fields}  # fmt: skip
-    tmp = directory / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    tmp.replace(directory / RUN_FILE)
+    paths.write_text_atomic(directory / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
 
 def _libc_prctl() -> Any:

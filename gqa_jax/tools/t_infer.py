@@ -30,8 +30,8 @@ as the paper measures it (T_infer: the largest batch that fits, up to 32 per chi
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,14 +43,14 @@ import numpy as np
 from flax import nnx
 
 from gqa_jax import cache as kvcache
-from gqa_jax import decoding, kv_quant
+from gqa_jax import decoding, kv_quant, paths
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
 from gqa_jax.tools.bench_models import NEVER_EOS, random_ids
 from gqa_jax.tools.compiled_memory import GIB
 from gqa_jax.tools.decode_floor import step_bytes
-from gqa_jax.tools.measurement import machine_info, measure, write_json
+from gqa_jax.tools.measurement import machine_info, measure, to_json
 
 TIMING_FILE = "timing.json"
 DTYPES = ("bfloat16", "float32")
@@ -328,14 +328,7 @@ def time_steps(
 def write_atomic(record: dict[str, Any], path: Path) -> None:
     """``record`` as JSON at ``path``: written to a temporary file beside it, then renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write_json(record, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    paths.write_text_atomic(path, json.dumps(to_json(record), indent=1) + "\n")
 
 
 def summary(record: dict[str, Any], workdir: str | os.PathLike) -> str:

@@ -126,13 +126,7 @@ def _read(file: Any) -> Any:
 
 
 def _write(file: Any, record: dict[str, Any]) -> None:
-    text = json.dumps(record) + "\n"
-    if paths.is_remote(file):
-        file.write_text(text)
-        return
-    tmp = file.with_name(f"{file.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, file)
+    paths.write_text_atomic(file, json.dumps(record) + "\n")
 
 
 def _create(file: Any, record: dict[str, Any]) -> bool:

@@ -257,12 +257,7 @@ def truncate_metrics(workdir: Any, step: int) -> None:
     if drop:
         paths.append_text(workdir / "metrics.discarded.jsonl", "\n".join(drop) + "\n")
         text = "".join(line + "\n" for line in keep)
-        if paths.is_remote(file):  # an object is replaced whole
-            file.write_text(text)
-            return
-        tmp = file.with_suffix(".jsonl.tmp")
-        tmp.write_text(text)
-        tmp.replace(file)
+        paths.write_text_atomic(file, text)
 
 
 def _batch_stats(batch: Mapping[str, Any]) -> dict[str, Any]:

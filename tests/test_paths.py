@@ -141,3 +141,27 @@ def test_every_loader_reads_a_checkpoint_on_gcs(tmp_path):
         model, _, found = checkpoints.load_any(url)
         assert found == kind
         _equal(model, source)
+
+
+def test_an_atomic_write_leaves_the_old_text_or_the_new_and_no_temporary_file(tmp_path, monkeypatch):
+    """``paths.write_text_atomic``, the one writer of the run records: a write replaces the file
+    whole; a write that fails before its rename leaves the old text and no temporary file beside
+    it; on gs:// the object holds the text and nothing else is written."""
+    file = tmp_path / "run.json"
+    paths.write_text_atomic(file, '{"status": "running"}\n')
+    paths.write_text_atomic(file, '{"status": "done"}\n')
+    assert file.read_text() == '{"status": "done"}\n' and os.listdir(tmp_path) == ["run.json"]
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(paths.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        paths.write_text_atomic(file, '{"status": "failed"}\n')
+    assert file.read_text() == '{"status": "done"}\n' and os.listdir(tmp_path) == ["run.json"]
+    monkeypatch.undo()
+
+    bucket = fake_gcs.start()
+    paths.write_text_atomic(f"{bucket}/atomic/run.json", "héllo\n")
+    assert fake_gcs.objects("atomic/") == ["atomic/run.json"]
+    assert epath.Path(f"{bucket}/atomic/run.json").read_text() == "héllo\n"

@@ -14,7 +14,8 @@ Fields (override any with ``--config.FIELD=VALUE`` or ``--config.FIELD VALUE``; 
 defaults to None is a typed placeholder and takes only a value of its type):
 
     recipe            "pretrain" | "uptrain" | "finetune"
-    task              a key of gqa_jax.data.tasks.TASKS (span corruption for pre-/uptraining)
+    task              a key of gqa_jax.data.tasks.TASKS, or a task file (my_task.py: gqa_jax.data.user_tasks);
+                      span corruption for pre-/uptraining
     data_dir          (str) TFDS data dir (default $GQA_JAX_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)
     vocab             (str) SentencePiece model (default for stdlib_* tasks: the suite's vocabulary)
     init_from         (str) fine-tuning: a gqa_jax checkpoint (<workdir>/model), HF T5 dir, T5X checkpoint_N

@@ -12,7 +12,7 @@ fine-tunes at ``--config.optimizer.learning_rate=0.005`` falling linearly to 0
 docs/training.md ("Measured pre-training and fine-tuning", "The fine-tuning learning rate of the
 demo and the mini").
 
-Variant keys: ``task`` (a key of gqa_jax.data.tasks.TASKS), ``init`` (a gqa_jax checkpoint,
+Variant keys: ``task`` (a key of gqa_jax.data.tasks.TASKS or a task file), ``init`` (a gqa_jax checkpoint,
 HF T5 directory or T5X checkpoint_N; without it the model starts from random weights), ``model`` (preset when
 starting from scratch), ``steps``. The fields and their defaults: configs/base.py.
 """

@@ -4,11 +4,15 @@ at a task's batches.
   data tasks                                the tasks: source, lengths, metric
   data prepare TASK [--data-dir] [--manual-dir]
                                             build a task's dataset as array_record
+
   data build-suite [--data-dir]             the embedded stdlib suite and its vocabulary
   data train-vocab --corpus F.. --size N --out M
                                             a SentencePiece vocabulary (+100 sentinels)
   data show TASK --vocab M [--split] [--pack] [-n]
                                             decoded rows of the first batch, and its shapes
+
+TASK is a name from ``data tasks`` or a task file, a .py file that sets ``TASK`` from the
+researcher's own JSON Lines / TSV / CSV files or a TFDS dataset by name (``gqa_jax.data.user_tasks``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "format the pipelines read by random access. MediaSum reads its released JSON files from "
         "--manual-dir; the stdlib_* tasks build from the local Python.",
     )
-    prep.add_argument("task", help=f"one of: {', '.join(tasks_lib.TASKS)}")
+    prep.add_argument("task", help=f"one of: {', '.join(tasks_lib.TASKS)}; or a task file (my_task.py)")
     prep.add_argument("--data-dir", default=None, help="TFDS data directory (default: $GQA_JAX_DATA_DIR, "
                       "$TFDS_DATA_DIR or ~/tensorflow_datasets)")  # fmt: skip
     prep.add_argument("--manual-dir", default=None, help="MediaSum: directory with news_dialogue.json "
@@ -55,7 +59,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="decode the first batch of a task (check prefixes, lengths, packing)",
         description="Decode the first rows of a task's first batch and print the batch's shapes.",
     )
-    show.add_argument("task", help=f"one of: {', '.join(tasks_lib.TASKS)}")
+    show.add_argument("task", help=f"one of: {', '.join(tasks_lib.TASKS)}; or a task file (my_task.py)")
     show.add_argument("--vocab", default=None, help="SentencePiece model (default for stdlib_* tasks: "
                       "the suite's vocabulary)")  # fmt: skip
     show.add_argument("--split", default="validation")

@@ -78,7 +78,9 @@ def add_task_examples(
 ) -> None:
     """A scored task's examples: ``--task``, ``--split``, ``--data-dir``, ``--vocab``,
     ``--input-length`` and ``--target-length`` (the evaluation's pipeline)."""
-    p.add_argument("--task", required=True, help="a task name (python -m gqa_jax data tasks)")
+    p.add_argument(
+        "--task", required=True, help="a task name (python -m gqa_jax data tasks) or a task file (my_task.py)"
+    )
     p.add_argument("--split", default="validation", help=split_help)
     p.add_argument("--data-dir", default=None, help="TFDS data dir (default: $GQA_JAX_DATA_DIR, ...)")
     p.add_argument(

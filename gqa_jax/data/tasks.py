@@ -32,9 +32,11 @@ an unknown split or a dataset that is not prepared (naming the command that prep
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import io
 import keyword
 import os
@@ -43,6 +45,7 @@ import socket
 import textwrap
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,6 +92,9 @@ class Task:
       splits: our split name -> the dataset's split name.
       tfds_module: module whose import registers the builder (TFDS registers lazily without TF).
       prepare: how to prepare the data, printed when it is missing.
+      file: the task file that set this task (``get_task`` fills it in), where it has one.
+      examples: split -> its examples, for a task read from files (``user_tasks.from_files``)
+        instead of TFDS.
     """
 
     name: str
@@ -106,6 +112,10 @@ class Task:
     suite: bool = False
     prepare: str = ""
     description: str = ""
+    file: str = ""
+    examples: Mapping[str, Sequence[Example]] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self):
         if self.input_length < 2 or self.target_length < 2:
@@ -130,6 +140,11 @@ class Task:
         target = self.target_text(example)
         return [target] + [r for r in refs if r != target]
 
+    @property
+    def cli_name(self) -> str:
+        """How a command line names this task: its task file, else its name."""
+        return self.file or self.name
+
     def prepare_command(self, data_dir: str | os.PathLike | None = None) -> str:
         """The command that builds this task's data (shown when it is missing)."""
         where = f" --data-dir {data_dir}" if data_dir is not None else ""
@@ -137,7 +152,7 @@ class Task:
             return self.prepare.format(where=where)
         tfds_dir = f" --data_dir={data_dir}" if data_dir is not None else ""
         return (
-            f"python -m gqa_jax data prepare {self.name}{where} (downloads {self.source} and builds it "
+            f"python -m gqa_jax data prepare {self.cli_name}{where} (downloads {self.source} and builds it "
             f"as array_record; or: tfds build {self.source} --file_format=array_record{tfds_dir})"
         )
 
@@ -292,13 +307,62 @@ TASKS: dict[str, Task] = {
 }  # fmt: skip
 
 
+def is_task_file(name: str) -> bool:
+    """Whether a task name is a task file's path (a ``.py`` file that sets ``TASK``)."""
+    return name.endswith(".py")
+
+
 def get_task(name: str | Task) -> Task:
-    """The task called ``name`` (a ``Task`` passes through), or a clear error listing them."""
+    """The task called ``name``: a key of ``TASKS``, or the path of a task file (a ``.py`` file
+    that sets ``TASK``, see ``gqa_jax.data.user_tasks``); a ``Task`` passes through. Anything else
+    is a clear error listing them."""
     if isinstance(name, Task):
         return name
+    if is_task_file(name):
+        return _task_file(Path(name).expanduser().resolve())
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+        raise ValueError(
+            f"unknown task {name!r}; known tasks: {', '.join(TASKS)}, or a task file (my_task.py, see "
+            "docs/data.md)"
+        )
     return TASKS[name]
+
+
+_LOADED: dict[tuple[Path, float], Task] = {}  # a task file's task, read once per process
+_FOLDER: contextvars.ContextVar[Path | None] = contextvars.ContextVar("task_file_folder", default=None)
+
+
+def task_file_folder() -> Path | None:
+    """The folder of the task file being loaded, None outside one (its relative paths are read
+    against it)."""
+    return _FOLDER.get()
+
+
+def _task_file(path: Path) -> Task:
+    """The ``TASK`` a task file sets; its errors as one line naming the file."""
+    if not path.is_file():
+        raise ValueError(
+            f"task file {path} does not exist (a task is a name from `data tasks` or a .py file)"
+        )
+    key = (path, path.stat().st_mtime)
+    if key not in _LOADED:
+        spec = importlib.util.spec_from_file_location(f"gqa_jax_task_file_{len(_LOADED)}", path)
+        module = importlib.util.module_from_spec(spec)
+        folder = _FOLDER.set(path.parent)
+        try:
+            spec.loader.exec_module(module)
+        except SyntaxError as err:
+            raise ValueError(f"task file {path}, line {err.lineno}: {err.msg}") from None
+        except Exception as err:  # noqa: BLE001 (the user's code: any error is reported as one line)
+            message = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+            raise ValueError(f"task file {path}: {message}") from None
+        finally:
+            _FOLDER.reset(folder)
+        task = getattr(module, "TASK", None)
+        if not isinstance(task, Task):
+            raise ValueError(f"task file {path} sets no TASK (a gqa_jax.data.tasks.Task, see docs/data.md)")
+        _LOADED[key] = dataclasses.replace(task, file=str(path))
+    return _LOADED[key]
 
 
 class DatasetNotPreparedError(FileNotFoundError):
@@ -327,6 +391,8 @@ def open_split(task: str | Task, split: str, data_dir: str | os.PathLike | None 
     """
     task = get_task(task)
     tfds_split = _check_split(task, split)
+    if task.examples is not None:
+        return task.examples[tfds_split]
     data_dir = str(data_dir) if data_dir is not None else default_data_dir()
     _import_builders(task)
     import tensorflow_datasets as tfds
@@ -376,7 +442,7 @@ def _check_network(task: Task, data_dir: str, timeout: float = 5.0) -> None:
     hosts = ", ".join(h for h, _ in PROBE_HOSTS)
     raise ValueError(
         f"{task.source} must be downloaded, and this machine reaches none of {hosts}: run "
-        f"`python -m gqa_jax data prepare {task.name} --data-dir DIR` on a machine with network access "
+        f"`python -m gqa_jax data prepare {task.cli_name} --data-dir DIR` on a machine with network access "
         f"and copy DIR/{task.source} into {data_dir}/ here (or set --data-dir to where it already is)"
     )
 
@@ -393,6 +459,8 @@ def prepare(
     release files from ``manual_dir``; the stdlib suite is built from the local Python.
     """
     task = get_task(task)
+    if task.examples is not None:  # read from its files: nothing to build
+        return {split: len(examples) for split, examples in task.examples.items()}
     data_dir = str(data_dir) if data_dir is not None else default_data_dir()
     _import_builders(task)
     if task.suite:

@@ -100,9 +100,16 @@ def _check_uptrain(config: Any, task: Any) -> None:
         _fail("uptrain.calibration_batches", batches, "an integer >= 0 (0: no calibration)")
     if not _is_int(up.calibration_batch_size) or up.calibration_batch_size < 1:
         _fail("uptrain.calibration_batch_size", up.calibration_batch_size, "an integer >= 1")
-    if up.calibration_task is not None and up.calibration_task not in tasks_lib.TASKS:
+    task_file = isinstance(up.calibration_task, str) and tasks_lib.is_task_file(up.calibration_task)
+    if task_file:
+        tasks_lib.get_task(up.calibration_task)  # the task file's own errors, before any work
+    elif up.calibration_task is not None and up.calibration_task not in tasks_lib.TASKS:
         known = ", ".join(tasks_lib.TASKS)
-        _fail("uptrain.calibration_task", up.calibration_task, f"one of {known}, or None for config.task")
+        _fail(
+            "uptrain.calibration_task",
+            up.calibration_task,
+            f"one of {known}, a task file, or None for config.task",
+        )
     if batches and up.method not in conversion.calibrated():
         raise ValueError(
             f"config.uptrain.calibration_batches={batches} calibrates method "

@@ -1,0 +1,143 @@
+"""A researcher's own tasks: task files over JSON Lines / TSV files and a TFDS dataset by name,
+fine-tuned and evaluated like a built-in task, and every bad input named in one line."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import tensorflow_datasets as tfds
+
+from gqa_jax import run_config, training
+from gqa_jax.__main__ import main
+from gqa_jax.data import pipeline as pl
+from gqa_jax.data import tasks
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "the quick brown fox jumps over lazy dog summarize question context answer def return".split()
+
+
+def rows(n: int, seed: int) -> list[dict[str, str]]:
+    out = []
+    for i in range(n):
+        text = " ".join(WORDS[(seed + i * 7 + j * 3) % len(WORDS)] for j in range(16))
+        out.append({"article": text, "summary": " ".join(text.split()[:3])})
+    return out
+
+
+def write_jsonl(path: Path, items: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in items))
+    return path
+
+
+def write_tsv(path: Path, items: list[dict]) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(items[0]), delimiter="\t")
+        writer.writeheader()
+        writer.writerows(items)
+    return path
+
+
+def task_file(folder: Path, body: str) -> Path:
+    file = folder / "my_task.py"
+    file.write_text("from gqa_jax.data import user_tasks\n\n" + body)
+    return file
+
+
+FILES_TASK = (
+    'TASK = user_tasks.from_files("mine", train="train{ext}", validation="dev{ext}", inputs="article", '
+    'targets="summary", prefix="summarize: ", input_length=48, target_length=8, metric="{metric}")\n'
+)
+
+
+@pytest.mark.parametrize("ext,metric", [(".jsonl", "rouge"), (".tsv", "f1_em")])
+def test_a_task_from_files_fine_tunes_and_evaluates_with_its_metric(ext, metric, small_vocab, tmp_path):
+    write = write_jsonl if ext == ".jsonl" else write_tsv
+    write(tmp_path / f"train{ext}", rows(24, 0))
+    write(tmp_path / f"dev{ext}", rows(6, 1))
+    file = task_file(tmp_path, FILES_TASK.format(ext=ext, metric=metric))
+    task = tasks.get_task(str(file))
+    assert (task.name, task.metric, len(tasks.open_split(str(file), "train"))) == ("mine", metric, 24)
+    config = run_config.load(
+        f"{REPO}/configs/finetune.py:task={file},steps=2",
+        [f"--config.vocab={small_vocab.path}", "--config.batch_size=4", "--config.eval_every=-1",
+         "--config.eval_at_start=False", "--config.progress=False", "--config.log_every=1"],
+    )  # fmt: skip
+    summary = training.train(config, tmp_path / "ft")
+    assert summary["final_step"] == 2
+    out = tmp_path / "ev"
+    assert main(["evaluate", "--workdir", str(out), "--model", str(tmp_path / "ft" / "model"), "--task",
+                 str(file), "--vocab", str(small_vocab.path), "--examples", "4"]) == 0  # fmt: skip
+    result = json.loads((out / "results.json").read_text())
+    assert (result["task"], result["metric"], result["examples"]) == ("mine", metric, 4)
+    assert set(result["scores"]) >= ({"rouge1"} if metric == "rouge" else {"f1", "em"})
+
+
+def test_a_span_corruption_task_from_a_text_field(small_vocab, tmp_path):
+    write_jsonl(tmp_path / "text.jsonl", [{"text": r["article"]} for r in rows(8, 2)])
+    file = task_file(
+        tmp_path, 'TASK = user_tasks.from_files("corpus", train="text.jsonl", inputs="text", '
+        "input_length=64, span_corruption=True)\n",
+    )  # fmt: skip
+    task = tasks.get_task(str(file))
+    assert task.span_corruption and task.target_length > 2 and task.metric is None
+    batch = next(
+        pl.make_pipeline(str(file), "train", small_vocab, batch_size=2, pack=True, repeat=True).iterator()
+    )
+    assert batch["encoder_input_tokens"].shape == (2, 64)
+
+
+def test_a_tfds_dataset_by_name_reads_like_a_paper_dataset(small_vocab, tmp_path):
+    file = task_file(
+        tmp_path, 'TASK = user_tasks.from_tfds("my_xsum", "xsum", inputs="document", targets="summary", '
+        'prefix="summarize: ", input_length=32, target_length=8, metric="rouge")\n',
+    )  # fmt: skip
+    with tfds.testing.mock_data(num_examples=4):
+        batch = next(pl.make_pipeline(str(file), "validation", small_vocab, batch_size=2).iterator())
+    assert batch["encoder_input_tokens"].shape == (2, 32)
+    assert small_vocab.decode(batch["encoder_input_tokens"][0]).startswith("summarize: ")
+    with pytest.raises(tasks.DatasetNotPreparedError, match=f"data prepare {file}"):
+        tasks.open_split(str(file), "train", tmp_path / "empty")
+    bad = task_file(tmp_path, 'TASK = user_tasks.from_tfds("x", "xsumm", inputs="a", targets="b", '
+                    'input_length=8, target_length=8, metric="rouge")\n')  # fmt: skip
+    with pytest.raises(ValueError, match="unknown TFDS dataset 'xsumm'"):
+        tasks.get_task(str(bad))
+
+
+BAD = {  # what the task file or its files hold -> the one line that names it
+    "missing file": ({}, "train.jsonl: no such file"),
+    "missing field": ({"train.jsonl": '{"article": "a b", "summary": "a"}\n{"article": "c"}\n'},
+                      "train.jsonl, line 2: no field 'summary' (it has: article)"),
+    "empty split": ({"train.jsonl": "\n"}, "train.jsonl: no examples (an empty split)"),
+    "not JSON": ({"train.jsonl": '{"article": "a", "summary": "b"}\n{"article": \n'},
+                 "train.jsonl, line 2: not JSON"),
+    "unknown metric": ({"train.jsonl": '{"article": "a", "summary": "b"}\n'},
+                       "task mine: unknown metric 'rogue'; known: rouge"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_before_any_work_and_nothing_is_written(case, small_vocab, tmp_path, capsys):
+    files, message = BAD[case]
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    metric = "rogue" if case == "unknown metric" else "rouge"
+    file = task_file(
+        tmp_path, FILES_TASK.format(ext=".jsonl", metric=metric).replace(', validation="dev.jsonl"', "")
+    )
+    before = sorted(p.name for p in tmp_path.iterdir())
+    work = tmp_path / "run"
+    code = main(["train", "--config", f"{REPO}/configs/finetune.py:task={file}", "--workdir", str(work),
+                 f"--config.vocab={small_vocab.path}"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0] and str(file) in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == before
+
+
+def test_a_task_file_that_sets_no_task_or_does_not_exist(tmp_path):
+    with pytest.raises(ValueError, match="sets no TASK"):
+        tasks.get_task(str(task_file(tmp_path, "X = 1\n")))
+    with pytest.raises(ValueError, match="does not exist"):
+        tasks.get_task(str(tmp_path / "none.py"))
+    with pytest.raises(ValueError, match=r"line 3: .*"):
+        tasks.get_task(str(task_file(tmp_path, "TASK = (\n")))

@@ -5,8 +5,10 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.profiler import ProfileData
 
 from gqa_jax import model as model_lib
+from gqa_jax import profiling
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
 from gqa_jax.tools import bench_step, decode_floor
@@ -43,8 +45,14 @@ def test_a_lookup_counts_the_rows_it_takes_not_the_table():
 def test_bench_step_profiles_the_loop_body(tmp_path, capsys):
     path = tmp_path / "step.json"
     args = ["--preset", "tiny", "--batch", "2", "--input-len", "16", "--new-tokens", "3", "--kv-heads", "1"]
-    code = main(["bench", "step", *args, "--top", "5", "--json", str(path)])
+    code = main(
+        ["bench", "step", *args, "--top", "5", "--json", str(path), "--keep-trace", str(tmp_path / "tr")]
+    )
     assert code == 0
+    for k in (4, 1):  # each model's trace kept where asked, in the layout TensorBoard's profile plugin reads
+        (trace,) = profiling.trace_files(tmp_path / "tr" / f"kv{k}")
+        planes = {plane.name: plane for plane in ProfileData.from_file(str(trace)).planes}
+        assert sum(1 for line in planes["/host:CPU"].lines for _ in line.events) > 0
     out = capsys.readouterr().out
     assert "## MHA (K = 4)" in out and "## MQA (K = 1)" in out and "| source | op | output |" in out
     res = json.loads(path.read_text())

@@ -145,15 +145,21 @@ def _add_step_args(sub: Any) -> None:
     options.add_dtype(s, default="float32", choices=DTYPES, help="dtype (default: %(default)s)")
     options.add_seed(s)
     options.add_json(s)
+    s.add_argument(
+        "--keep-trace", metavar="DIR", default=None, help="keep each model's jax.profiler trace in DIR/kv<K> "
+        "(open with `tensorboard --logdir DIR/kv<K>` or xprof; default: deleted)",
+    )  # fmt: skip
 
 
 def _run_step(args: argparse.Namespace) -> int:
     from gqa_jax.log import log
     from gqa_jax.tools import bench_step
 
+    if args.keep_trace is not None:
+        options.check_writable_dir(args.keep_trace, "--keep-trace")
     res = bench_step.run_step_bench(
         preset_name=args.preset, batch=args.batch, input_len=args.input_len, new_tokens=args.new_tokens,
-        kv_heads=args.kv_heads, dtype=args.dtype, seed=args.seed, log=log,
+        kv_heads=args.kv_heads, dtype=args.dtype, seed=args.seed, keep_trace=args.keep_trace, log=log,
     )  # fmt: skip
     print(bench_step.report(res, top=args.top), flush=True)
     options.write_json(res, args.json)

@@ -109,6 +109,20 @@ def write_json(result: Any, path: str | None) -> None:
         print(f"\nwrote {path}")
 
 
+def check_writable_dir(path: str, flag: str) -> None:
+    """A folder a command will write into, created now; one line naming ``flag`` when it cannot be
+    written (before any work)."""
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(path).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot write there ({err.strerror or err})") from None
+
+
 def add_sweep(p: argparse.ArgumentParser) -> None:
     """``SWEEP`` (experiments/<file>.py) and ``--set KEY=VALUE`` (repeatable), as `sweep` and
     `report` take them: the same --set gives the same sweep."""

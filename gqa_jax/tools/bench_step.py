@@ -264,8 +264,11 @@ def breakdown(ops: dict[str, Op], frames: dict[int, str], events: list, steps: i
     }
 
 
-def profile_loop(split: Split, ids: np.ndarray, steps: int, runs: int = 3) -> dict[str, Any]:
-    """Compile the greedy loop, time it (median of ``runs``), trace one more run, break it down."""
+def profile_loop(
+    split: Split, ids: np.ndarray, steps: int, runs: int = 3, keep_trace: str | os.PathLike | None = None
+) -> dict[str, Any]:
+    """Compile the greedy loop, time it (median of ``runs``), trace one more run, break it down.
+    The trace is kept in ``keep_trace`` (``profiling.trace_files`` finds it), else deleted."""
     graphdef, params = split
     ids = jnp.asarray(ids, jnp.int32)
     key, temperature = jax.random.key(0), jnp.float32(0.0)
@@ -282,7 +285,8 @@ def profile_loop(split: Split, ids: np.ndarray, steps: int, runs: int = 3) -> di
     if int(state.step) != steps:
         raise RuntimeError(f"the loop ran {int(state.step)} steps, expected {steps}")
     timing, _ = measure(run, runs)
-    with tempfile.TemporaryDirectory(prefix="gqa_jax_trace_") as trace_dir:
+    with tempfile.TemporaryDirectory(prefix="gqa_jax_trace_") as temporary:
+        trace_dir = str(keep_trace) if keep_trace is not None else temporary
         jax.profiler.start_trace(trace_dir)
         try:
             run()
@@ -302,9 +306,11 @@ def run_step_bench(
     kv_heads: str | None = None,
     dtype: str = "float32",
     seed: int = 0,
+    keep_trace: str | os.PathLike | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Build the models, measure the read-bandwidth probe, profile each model's loop."""
+    """Build the models, measure the read-bandwidth probe, profile each model's loop (its trace
+    kept in ``keep_trace/kv<K>`` when given)."""
     config = preset(preset_name, dtype=dtype, param_dtype=dtype)
     ks = parse_kv_heads(kv_heads, config.num_heads)
     models = build_models(config, ks, seed, log)
@@ -322,7 +328,8 @@ def run_step_bench(
     for k in sorted(models, reverse=True):
         log(f"K = {k}: compile, time and trace the greedy loop ...")
         _, model = models[k]
-        res["models"][k] = profile_loop(nnx.split(model), ids, new_tokens)
+        kept = Path(keep_trace) / f"kv{k}" if keep_trace is not None else None
+        res["models"][k] = profile_loop(nnx.split(model), ids, new_tokens, keep_trace=kept)
         log(f"K = {k}: {res['models'][k]['wall_step_s'] * 1e3:.1f} ms per step")
     return res
 

@@ -22,12 +22,14 @@ the run must list NAME in its ``deps``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import importlib.util
 import re
 import sys
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +92,66 @@ def load_module(file: Path) -> Any:
     spec = importlib.util.spec_from_file_location(f"gqa_jax_sweep_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses in the file resolve their module
-    spec.loader.exec_module(module)
+    with _errors_in(file, "loading it"):
+        spec.loader.exec_module(module)
     for name in ("PARAMS", "get_sweep"):
         if not hasattr(module, name):
             raise ValueError(f"sweep file {file} defines no {name}")
     return module
+
+
+@contextlib.contextmanager
+def _errors_in(file: Path, doing: str) -> Iterator[None]:
+    """The sweep file's own errors (a syntax error, an exception in it) as one ValueError naming
+    its file and line; ``doing`` says when it happened."""
+    file = file.resolve()
+    try:
+        yield
+    except SyntaxError as err:
+        if Path(err.filename or "").resolve() != file:
+            raise
+        raise ValueError(f"sweep file {file}, line {err.lineno}: SyntaxError: {err.msg}") from None
+    except Exception as err:  # noqa: BLE001 (the user's file: any error is one line)
+        lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve() == file]
+        if not lines:
+            raise
+        raise ValueError(
+            f"sweep file {file}, line {lines[-1]} ({doing}): {type(err).__name__}: {err}"
+        ) from None
+
+
+def _set_value(key: str, text: str, params: Mapping[str, Any]) -> Any:
+    """A ``--set`` value: parsed (:func:`parse_value`), checked against the type of the PARAMS
+    default it replaces, and a path made absolute (:func:`resolve_path`)."""
+    value = parse_value(text)
+    default = params.get(key)
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise ValueError(f"--set {key}={text}: {key} is true or false (default {default})")
+    if isinstance(default, int) and not isinstance(default, bool) and not _is_int(value):
+        raise ValueError(f"--set {key}={text}: {key} is a whole number (default {default})")
+    if isinstance(default, float) and not (_is_int(value) or isinstance(value, float)):
+        raise ValueError(f"--set {key}={text}: {key} is a number (default {default})")
+    return resolve_path(key, value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+PATH_KEYS = ("vocab", "init_from", "source", "src", "model", "root")
+
+
+def resolve_path(key: str, value: Any) -> Any:
+    """A ``--set`` value that names a local path, made absolute against this working directory
+    with ``~`` expanded (a sweep's runs start elsewhere): the value of a path key (``*_dir``,
+    ``t5_*``, ``vocab``, ``init_from``, ``source``, ``src``, ``model``, ``root``, a task file), or
+    any value that starts with ``~``, ``./`` or ``../`` or names a file or folder here. URLs
+    (``gs://``) and run references (``{run:NAME}``) stay as they are."""
+    if not isinstance(value, str) or not value or "://" in value or RUN_REF.search(value):
+        return value
+    path_key = key.endswith("_dir") or key.startswith("t5_") or key in PATH_KEYS or value.endswith(".py")
+    named = value.startswith(("~", "./", "../")) or Path(value).exists()
+    return str(Path(value).expanduser().absolute()) if path_key or named else value
 
 
 def load_sweep(path: str | Path, sets: Sequence[str] = ()) -> Sweep:
@@ -111,10 +168,11 @@ def load_sweep(path: str | Path, sets: Sequence[str] = ()) -> Sweep:
         if not sep or not key:
             raise ValueError(f"--set {item!r} must look like key=value")
         if key in params:
-            params[key] = parse_value(text)
+            params[key] = _set_value(key, text, params)
         else:
-            field_sets[key] = parse_value(text)
-    sweep = module.get_sweep(params)
+            field_sets[key] = resolve_path(key, parse_value(text))
+    with _errors_in(file, "in get_sweep"):
+        sweep = module.get_sweep(params)
     if not isinstance(sweep, Sweep):
         raise ValueError(f"{file}: get_sweep() must return a gqa_jax.experiments.sweep.Sweep")
     for key, value in field_sets.items():

@@ -8,7 +8,7 @@ file by its path next to theirs, so any working directory works).
 
 On its own it is configs/pretrain.py without a variant (tiny preset, span corruption on
 ``stdlib_span``), so that command is the measured pre-training run: its runtime and losses are in
-docs/training.md ("Measured pre-training and fine-tuning").
+docs/results/training.md.
 
 Fields (override any with ``--config.FIELD=VALUE`` or ``--config.FIELD VALUE``; a field that
 defaults to None is a typed placeholder and takes only a value of its type):
@@ -48,7 +48,7 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       activations and the KV cache sharded by gqa_jax.sharding.RULES, batch rows
                       over data; "" = one device. A multi-host run sets the mesh over all hosts'
                       devices and starts every process with GQA_JAX_COORDINATOR/NUM_PROCESSES/
-                      PROCESS_ID (or GQA_JAX_DISTRIBUTED=auto on TPU pods; see the README)
+                      PROCESS_ID (or GQA_JAX_DISTRIBUTED=auto on TPU pods; docs/sharding.md)
     fsdp              parameters and optimizer state also split over data (their d_model axis;
                       sharding.FSDP_RULES), gathered per layer: less memory per device, same results
     pack              several examples per row (segment ids), as T5X packs

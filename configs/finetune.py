@@ -9,8 +9,7 @@ From configs/pretrain.py's 400-step model (``runs/pt``): batch 16, 256 input tok
 ROUGE-1 on 200 dev examples; its runtime and scores, and why the mini (experiments/mini.py)
 fine-tunes at ``--config.optimizer.learning_rate=0.005`` falling linearly to 0
 (``--config.optimizer.schedule=linear``) instead of the paper's constant 0.001, are in
-docs/training.md ("Measured pre-training and fine-tuning", "The fine-tuning learning rate of the
-demo and the mini").
+docs/results/training.md.
 
 Variant keys: ``task`` (a key of gqa_jax.data.tasks.TASKS or a task file), ``init`` (a gqa_jax checkpoint,
 HF T5 directory or T5X checkpoint_N; without it the model starts from random weights), ``model`` (preset when

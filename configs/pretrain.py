@@ -5,7 +5,7 @@
         --config.num_train_steps=400 --config.batch_size=16 --config.input_length=128
 
 That is the measured run (the tiny preset on ``stdlib_span``, 400 steps of batch 16 at 128 input
-tokens; its runtime and losses: docs/training.md, "Measured pre-training and fine-tuning"). Its
+tokens; its runtime and losses: docs/results/training.md). Its
 ``runs/pt/model`` is what configs/uptrain.py and configs/finetune.py start from.
 
 Defaults (without the overrides: no measured numbers): the tiny preset on the embedded

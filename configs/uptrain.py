@@ -8,7 +8,7 @@ other methods of ``gqa_jax.conversion``: docs/checkpoints.md), then train
 ``round(alpha x original_steps)`` steps of the original pre-training (span corruption, same
 schedule continued from the source's step). From configs/pretrain.py's 400-step run
 (``runs/pt``), that command trains alpha 0.05 of 400 = 20 steps (``kv=2``: GQA-2; measured:
-docs/training.md). ``alpha=0`` trains no step: the conversion is saved as ``model/`` and, with
+docs/results/training.md). ``alpha=0`` trains no step: the conversion is saved as ``model/`` and, with
 ``--config.eval_at_start=True``, scored on dev (the mini's Fig. 5 at alpha 0).
 
 Variant keys: ``source`` (a gqa_jax checkpoint, HF T5 directory or T5X checkpoint_N), ``kv`` (K/V

@@ -26,8 +26,7 @@ by a roofline (``time --predict``, docs/experiments.md), the mesh and batch tune
 (``--set mesh=1x8`` for one mesh: 8-way model parallelism, the fastest in every auto run measured);
 the runs are named ``..._predicted_v4-2x2x2``, beside measured ones. 3 to 10 minutes per run on 2
 cores at ``mesh=1x8``, two at a time, the longest where the batch is searched (32 and 64 groups).
-The measured predictions (both caches, with the read-once floors): docs/experiments.md, "Predicted
-for the paper's TPUs".
+The measured predictions (both caches, with the read-once floors): docs/results/predicted-tpu.md.
 """
 
 from gqa_jax.experiments import paper

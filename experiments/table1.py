@@ -30,7 +30,7 @@ alone, no checkpoint needed; libtpu: ``pip install -r requirements-tpu.txt``):
 report labels the times as predictions and gives their ratio to the paper's and the read-once
 floor beside each; ``--set mesh=1x8`` for one mesh instead of every split: 3 to 10 minutes per run,
 two at a time, the longest where the batch is searched (MHA-XXL at input 2048).
-The measured predictions: docs/experiments.md, "Predicted for the paper's TPUs".)
+The measured predictions: docs/results/predicted-tpu.md.)
 """
 
 from gqa_jax.experiments import paper

@@ -9,7 +9,7 @@ as in the paper). K/V are never repeated to N heads: queries are regrouped to
 ``[B, K, M, H]`` with ``M = G * T`` rows per K/V head and contract against ``[B, K, S, H]``
 directly, so a decode step reads K/N of the MHA key/value bytes. K/V are laid out
 ``[B, K, S, H]`` (the KV-cache layout), measured faster than ``[B, S, K, H]`` for decode on CPU
-(docs/decoding.md, "Where it stands"). Under the ``"cpu"`` decode kernel (the module's static
+(docs/results/decoding.md). Under the ``"cpu"`` decode kernel (the module's static
 ``kernel``, which a CPU decode program sets: ``gqa_jax.cpu_step``) one decoded position takes the
 group's heads one at a time instead (``cpu_step.attention_by_head``) and the projections are taken
 out-major (``layers.project``).
@@ -74,7 +74,7 @@ def grouped_attention(
         )
     # Query head n = (n // G, n % G). A group's G heads and T positions become M = G * T rows
     # (row m = g * T + t) of one [M, H] x [H, S] product per (batch, K/V head): plain 4-D einsums,
-    # measured faster on CPU than contracting [B, T, K, G, H] (docs/decoding.md, "Where it stands").
+    # measured faster on CPU than contracting [B, T, K, G, H] (docs/results/decoding.md).
     qm = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, M, H]
     logits = jnp.einsum("BKMH,BKSH->BKMS", qm, k, preferred_element_type=jnp.float32)
     if k_scale is not None:  # q . (s k) = s (q . k): a key's scale multiplies its logits

@@ -17,7 +17,7 @@ teacher-forced decoder, ``decode_step`` called on a fresh model) has ``kernel="e
 results equal the plain path's to float rounding (same sums, another order; the tokens are
 identical in the tests).
 
-What each part does (each measured faster on the CPU: docs/decoding.md, "The CPU fast path"):
+What each part does (each measured faster on the CPU than the plain program; docs/results/decoding.md):
 
 - Out-major weight products. A decode step reads every weight once for a few rows. The weight,
   stored ``[in, out]``, is transposed to ``[out, in]`` and contracted as ``W @ X.T``. The

@@ -381,8 +381,8 @@ def abstract(config: ModelConfig) -> T5:
     """The model's structure with shape-only parameters: no memory, no random numbers drawn.
 
     A fresh module each call, so callers may fill it in place: a clone of one template traced per
-    config (cloning is much cheaper than tracing the constructor: docs/decoding.md, "Building a
-    model's structure")."""
+    config (cloning is much cheaper than tracing the constructor, which builds every layer's
+    arrays abstractly)."""
     return nnx.clone(_abstract_template(config))
 
 

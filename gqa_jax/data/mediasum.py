@@ -30,7 +30,7 @@ some 30M small string objects), so the file is parsed incrementally, one intervi
 (:func:`iter_json_list`, stdlib only, ~130 MB/s), in one validation pass and then one pass per
 split. A split's pass keeps only that split's formatted examples (about the size of their text),
 and TFDS, to keep the split file's order, sorts the serialized split in memory when it writes the
-shards. The time and memory this takes: docs/data.md ("MediaSum").
+shards. The time and memory this takes: docs/data.md.
 
 Checks, all before anything is written: a missing manual directory or file is a
 ``FileNotFoundError``; a file that is not the expected JSON, an interview without a string id,

@@ -11,9 +11,9 @@ of a std estimate, sqrt((s_A^2 + s_B^2) / (2 (n - 1))), n the fewest seeds of a 
 
 A claim about quality never takes a noise below the spread of the same number across machines
 (:data:`MACHINE`: the runs are deterministic on one machine, but XLA:CPU's code generation follows
-the CPU, and a loss moves by up to 3e-5 and a decoded score by up to 0.13 points from one to another;
-docs/experiments.md, "Deterministic"): d must exceed it too, one seed or many. Time claims have no
-floor (their repeats' spread is measured on the machine that timed them).
+the CPU, and a loss or a decoded score moves a little from one to another:
+docs/results/determinism.md): d must exceed it too, one seed or many. Time claims have no floor
+(their repeats' spread is measured on the machine that timed them).
 
 Each claim also states the smallest difference its numbers could resolve (:func:`resolvable`: the
 noise above; none where a side has one seed or one timing repeat and no floor applies). A claim
@@ -41,8 +41,8 @@ RULE = (
     "reproduced. A chain takes the worst of its pairs; any missing number → missing. Stability: the mean "
     "over tasks of each model's std over seeds, noise = sqrt((s_A² + s_B²) / (2 (n − 1)))."
 )
-# The most one number moves between machines, with margin (measured: docs/experiments.md, "Deterministic"):
-# a loss (nats) by up to 2.9e-5, a decoded score (points) by up to 0.13. A time has its own spread.
+# The most one number moves between machines, with margin over the measured spread of a loss (nats)
+# and of a decoded score (points) (docs/results/determinism.md). A time has its own spread.
 MACHINE = {"score": 0.5, "loss": 1e-4}
 KINDS = ("MHA", "GQA", "MQA")
 

@@ -112,7 +112,8 @@ def _errors_in(file: Path, doing: str) -> Iterator[None]:
             raise
         raise ValueError(f"sweep file {file}, line {err.lineno}: SyntaxError: {err.msg}") from None
     except Exception as err:  # noqa: BLE001 (the user's file: any error is one line)
-        lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve() == file]
+        frames = traceback.extract_tb(err.__traceback__)
+        lines = [f.lineno for f in frames if Path(f.filename).resolve() == file]
         if not lines:
             raise
         raise ValueError(

@@ -31,7 +31,7 @@ from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.data import vocab as vocab_lib
 from gqa_jax.log import log
 from gqa_jax.training.evaluation import evaluate
-from gqa_jax.training.lock import WorkdirLock
+from gqa_jax.training.journal import WorkdirJournal
 from gqa_jax.training.state import OptimizerConfig, create_state, make_optimizer, make_schedule
 from gqa_jax.training.step import make_train_step
 from gqa_jax.training.stops import Stopped, StopSignals
@@ -145,7 +145,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     A workdir with checkpoints resumes from the newest readable one (model, optimizer, data
     position, PRNG) and continues exactly as if never stopped. The run holds the workdir's lock
     while it trains (a second run is refused), stops cleanly on SIGINT / SIGTERM (``Stopped``), and
-    a start that fails before its first step leaves the workdir as it found it (``lock.WorkdirLock``).
+    a start that fails before its first step leaves the workdir as it found it (``journal.WorkdirJournal``).
     """
     check_config(config)
     workdir = paths.resolve(workdir, "workdir")
@@ -154,7 +154,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         checkpoints.check_source(source)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
-    lock = WorkdirLock(workdir)  # creates the workdir and takes its lock before anything is written
+    lock = WorkdirJournal(workdir)  # creates the workdir and takes its lock before anything is written
     try:
         with StopSignals() as stops:
             return _train(config, workdir, task, data_dir, vocab, lock, stops)
@@ -167,7 +167,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         lock.release()
 
 
-def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, lock: WorkdirLock,
+def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, lock: WorkdirJournal,
            stops: StopSignals) -> dict[str, Any]:  # fmt: skip
     is_main = jax.process_index() == 0  # only process 0 writes logs, configs and reports
     check_workdir(workdir, config)

@@ -10,11 +10,9 @@ computed as T5's evaluation (``t5.evaluation.metrics``) computes it:
 - ``"f1_em"``: token F1 and exact match after the official TriviaQA answer normalization, the
   max over an example's aliases, the mean over examples.
 
-The earlier variants stay under explicit names: ``"rouge_stemmed_mean"`` (Porter stemmer, our own
-sentence splitter, plain mean), ``"bleu_13a"`` (sacrebleu defaults) and ``"squad_f1_em"`` (SQuAD
-normalization). Every metric function takes ``predictions`` and ``references`` of equal, non-zero
-length and returns a dict of plain Python floats on a 0-100 scale; ``PRIMARY`` names the headline
-key of each (the number used to keep the best checkpoint)::
+Every metric function takes ``predictions`` and ``references`` of equal, non-zero length and
+returns a dict of plain Python floats on a 0-100 scale; ``PRIMARY`` names the headline key of each
+(the number used to keep the best checkpoint)::
 
     score("rouge", ["the cat sat"], ["the cat sat down"])  # {"rouge1": 85.7, "rouge2": ..., ...}
 """
@@ -32,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-# rouge_score (with nltk) and sacrebleu load when a score is computed, not at import: every training
-# process starts faster (docs/training.md, "Start-up time").
+# rouge_score (with nltk) and sacrebleu load when a score is computed, not at import: a training
+# process that never scores (pre-training) does not pay for importing them at start-up.
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 ROUGE_BOOTSTRAP_SEED = 0  # numpy seed of the ROUGE bootstrap (see _bootstrap_mid)
@@ -43,7 +41,7 @@ def import_without(name: str, unused: tuple[str, ...]) -> ModuleType:
     """``import name`` with the optional packages ``unused`` hidden while it loads, each only if
     not loaded already. tensorboardX imports torch when torch is installed (to accept torch
     tensors; scalars never need it), and rouge_score's nltk imports scipy.stats (for a collocation
-    test ROUGE never runs): both only cost start-up time (docs/training.md, "Start-up time")."""
+    test ROUGE never runs): both would only add to every training process's start-up time."""
     hidden = [m for m in unused if m not in sys.modules]
     for m in hidden:
         sys.modules[m] = None  # type: ignore[assignment]  # None here makes ``import m`` fail
@@ -134,39 +132,6 @@ def rouge(
     return {key: 100.0 * float(mid[key].fmeasure) for key in ROUGE_TYPES}
 
 
-_SENTENCE_END = re.compile(r"([.!?][\"')\]]*)\s+")
-
-
-def _split_sentences(text: str) -> str:
-    """One sentence per line, for ``rouge_stemmed_mean``'s ``rougeLsum``.
-
-    Existing newlines are kept, and whitespace after ``.``, ``!`` or ``?`` (optionally followed by
-    closing quotes or brackets) becomes a newline. Deliberately simple and dependency-free (no
-    nltk punkt download): abbreviations such as "Mr. Smith" split too. It covers T5's own
-    ``" . " -> " .\\n"`` rule for tokenized CNN/DailyMail text.
-    """
-    return _SENTENCE_END.sub(r"\1\n", text.strip())
-
-
-def rouge_stemmed_mean(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """The earlier ROUGE (not T5's): Porter-stemmed, our sentence split, plain mean x 100.
-
-    Uses ``rouge_score.RougeScorer(use_stemmer=True)``; predictions and references are split into
-    one sentence per line first (see ``_split_sentences``); the F-measures are averaged over
-    examples without bootstrap. Returns ``{"rouge1", "rouge2", "rougeL", "rougeLsum"}``.
-    """
-    rouge_scorer = _rouge_module("rouge_scorer")
-
-    _check_pairs(predictions, references)
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
-    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
-    for prediction, reference in zip(predictions, references, strict=True):
-        scores = scorer.score(target=_split_sentences(reference), prediction=_split_sentences(prediction))
-        for key in ROUGE_TYPES:
-            totals[key] += scores[key].fmeasure
-    return {key: 100.0 * total / len(predictions) for key, total in totals.items()}
-
-
 def bleu(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Corpus BLEU as T5's ``metrics.bleu``, 0-100 scale.
 
@@ -184,17 +149,7 @@ def bleu(predictions: Sequence[str], references: Sequence[str]) -> dict[str, flo
     return {"bleu": float(result.score)}
 
 
-def bleu_13a(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """The earlier BLEU (not T5's): sacrebleu ``corpus_bleu`` defaults (13a tokenization)."""
-    import sacrebleu
-
-    _check_pairs(predictions, references)
-    result = sacrebleu.corpus_bleu(list(predictions), [list(references)])
-    return {"bleu": float(result.score)}
-
-
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_SQUAD_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _TRIVIA_QA_PUNCTUATION = str.maketrans(dict.fromkeys(string.punctuation + "‘’´`", " "))
 
 
@@ -210,17 +165,8 @@ def normalize_trivia_qa(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
-def normalize_squad(text: str) -> str:
-    """SQuAD v1.1 normalization: lowercase, delete ASCII punctuation, drop a/an/the, collapse spaces.
-
-    Punctuation is deleted, so "U.S.A." -> "usa" and "don't" -> "dont".
-    """
-    text = text.lower().translate(_SQUAD_PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
 def _token_f1(prediction: str, reference: str) -> float:
-    """Token-level F1 of two normalized answers (SQuAD v1.1: 0 when no token is shared)."""
+    """Token-level F1 of two normalized answers (as SQuAD v1.1: 0 when no token is shared)."""
     prediction_tokens, reference_tokens = prediction.split(), reference.split()
     num_same = sum((collections.Counter(prediction_tokens) & collections.Counter(reference_tokens)).values())
     if num_same == 0:
@@ -228,25 +174,6 @@ def _token_f1(prediction: str, reference: str) -> float:
     precision = num_same / len(prediction_tokens)
     recall = num_same / len(reference_tokens)
     return 2 * precision * recall / (precision + recall)
-
-
-def _f1_em(
-    predictions: Sequence[str], references: Sequence[Sequence[str]], normalize: Callable[[str], str]
-) -> dict[str, float]:
-    _check_pairs(predictions, references)
-    f1_total = em_total = 0.0
-    for i, (prediction, answers) in enumerate(zip(predictions, references, strict=True)):
-        if isinstance(answers, (str, bytes)) or not answers:
-            raise ValueError(
-                f"references[{i}] must be a non-empty list of answer strings, got {answers!r} "
-                "(wrap a single answer in a list)"
-            )
-        prediction = normalize(prediction)
-        answers = [normalize(answer) for answer in answers]
-        f1_total += max(_token_f1(prediction, answer) for answer in answers)
-        em_total += max(float(prediction == answer) for answer in answers)
-    n = len(predictions)
-    return {"f1": 100.0 * f1_total / n, "em": 100.0 * em_total / n}
 
 
 def trivia_qa_f1_em(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
@@ -257,23 +184,25 @@ def trivia_qa_f1_em(predictions: Sequence[str], references: Sequence[Sequence[st
     result is the mean over examples. F1 is 0 when no token is shared, including when both answers
     normalize to "" (where EM is 100). Returns ``{"f1", "em"}``.
     """
-    return _f1_em(predictions, references, normalize_trivia_qa)
+    _check_pairs(predictions, references)
+    f1_total = em_total = 0.0
+    for i, (prediction, answers) in enumerate(zip(predictions, references, strict=True)):
+        if isinstance(answers, (str, bytes)) or not answers:
+            raise ValueError(
+                f"references[{i}] must be a non-empty list of answer strings, got {answers!r} "
+                "(wrap a single answer in a list)"
+            )
+        prediction = normalize_trivia_qa(prediction)
+        answers = [normalize_trivia_qa(answer) for answer in answers]
+        f1_total += max(_token_f1(prediction, answer) for answer in answers)
+        em_total += max(float(prediction == answer) for answer in answers)
+    n = len(predictions)
+    return {"f1": 100.0 * f1_total / n, "em": 100.0 * em_total / n}
 
 
-def squad_f1_em(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> dict[str, float]:
-    """The earlier F1/EM (not TriviaQA's): as ``trivia_qa_f1_em`` but with ``normalize_squad``."""
-    return _f1_em(predictions, references, normalize_squad)
-
-
-# The tasks' names ("rouge", "bleu", "f1_em") are T5's metrics; the others the earlier variants.
-METRICS: dict[str, Callable[..., dict[str, float]]] = {
-    "rouge": rouge, "bleu": bleu, "f1_em": trivia_qa_f1_em,
-    "rouge_stemmed_mean": rouge_stemmed_mean, "bleu_13a": bleu_13a, "squad_f1_em": squad_f1_em,
-}  # fmt: skip
-PRIMARY: dict[str, str] = {
-    "rouge": "rouge1", "bleu": "bleu", "f1_em": "f1",
-    "rouge_stemmed_mean": "rouge1", "bleu_13a": "bleu", "squad_f1_em": "f1",
-}  # fmt: skip
+# The metrics the tasks name (``Task.metric``), T5's.
+METRICS: dict[str, Callable[..., dict[str, float]]] = {"rouge": rouge, "bleu": bleu, "f1_em": trivia_qa_f1_em}
+PRIMARY: dict[str, str] = {"rouge": "rouge1", "bleu": "bleu", "f1_em": "f1"}
 
 
 def score(metric_name: str, predictions: Sequence[str], references: Sequence[Any]) -> dict[str, float]:

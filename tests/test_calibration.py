@@ -20,9 +20,7 @@ from gqa_jax.conversion import grouped, svd
 from gqa_jax.convert import CALIBRATION_FILE, check_conversion, convert_checkpoint, to_grouped
 from gqa_jax.data import stdlib_extract
 from gqa_jax.data.pipeline import shift_right
-from gqa_jax.errors import RunError
 from gqa_jax.model import build
-from gqa_jax.training import workdir as workdir_lib
 
 EVERYTHING = ATTENTION_KINDS
 TARGETS = np.array([[4, 8, 9, 1, 0], [6, 1, 0, 0, 0], [3, 5, 7, 11, 1]], np.int32)  # id 0 pads
@@ -318,19 +316,3 @@ def test_uptraining_calibrates_its_conversion(small_vocab, tmp_path):
         bad = tiny_config(small_vocab.path, tmp_path, _file="configs/uptrain.py", **{**fields, field: value})
         with pytest.raises(ValueError, match=message):
             training.check_config(bad)
-
-
-def test_a_workdir_from_before_the_calibration_fields_still_resumes(small_vocab, tmp_path):
-    config = tiny_config(small_vocab.path, tmp_path, _file="configs/uptrain.py", **{"uptrain.source": "x"})
-    stored = json.loads(json.dumps(workdir_lib.config_dict(config), default=str))
-    for name in ("calibration_batches", "calibration_batch_size", "calibration_task"):
-        del stored["uptrain"][name]  # as a run started before these fields existed wrote it
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps(stored))
-    (run / "metrics.jsonl").write_text('{"step": 1}\n')  # it holds work: a restart is checked
-    workdir_lib.check_workdir(run, config)  # no calibration was the only behaviour then
-    calibrated = tiny_config(small_vocab.path, tmp_path, _file="configs/uptrain.py",
-                             **{"uptrain.source": "x", "uptrain.calibration_batches": 2})  # fmt: skip
-    with pytest.raises(RunError, match=r"uptrain.calibration_batches: 0 -> 2"):
-        workdir_lib.check_workdir(run, calibrated)

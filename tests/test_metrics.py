@@ -24,16 +24,11 @@ from gqa_jax.metrics import (
     PRIMARY,
     ROUGE_BOOTSTRAP_SEED,
     ROUGE_TYPES,
-    _split_sentences,
     _t5_rouge_text,
     bleu,
-    bleu_13a,
-    normalize_squad,
     normalize_trivia_qa,
     rouge,
-    rouge_stemmed_mean,
     score,
-    squad_f1_em,
     trivia_qa_f1_em,
 )
 
@@ -74,28 +69,25 @@ def _rouge_score_direct(predictions, references):
 # ---------------------------------------------------------------------------------------------- ROUGE
 
 
-@pytest.mark.parametrize("fn", [rouge, rouge_stemmed_mean])
-def test_rouge_identical_and_disjoint(fn):
+def test_rouge_identical_and_disjoint():
     text = "The quick brown fox jumps over the lazy dog. It was not amused."
-    assert fn([text], [text]) == pytest.approx(dict.fromkeys(ROUGE_TYPES, 100))
-    assert fn(["alpha beta gamma"], ["delta epsilon zeta"]) == pytest.approx(dict.fromkeys(ROUGE_TYPES, 0))
+    assert rouge([text], [text]) == pytest.approx(dict.fromkeys(ROUGE_TYPES, 100))
+    assert rouge(["alpha beta gamma"], ["delta epsilon zeta"]) == pytest.approx(dict.fromkeys(ROUGE_TYPES, 0))
 
 
-@pytest.mark.parametrize("fn", [rouge, rouge_stemmed_mean])
-def test_rouge_partial_overlap_and_mean_over_examples(fn):
+def test_rouge_partial_overlap_and_mean_over_examples():
     # rouge1: precision 3/3, recall 3/4 -> F = 6/7. rouge2: 2/2, 2/3 -> F = 4/5.
-    got = fn(["the cat sat"], ["the cat sat down"])  # One example: the bootstrap mid is that score.
+    got = rouge(["the cat sat"], ["the cat sat down"])  # One example: the bootstrap mid is that score.
     assert got["rouge1"] == pytest.approx(100 * 6 / 7)
     assert got["rouge2"] == pytest.approx(80)
     # Over examples, not a corpus-level pooled score. Two examples (6/7 and 0): the resampled means
     # are 0, 3/7, 6/7 with probability 1/4, 1/2, 1/4, so the bootstrap median is 3/7, the mean.
-    got = fn(["the cat sat", "alpha beta"], ["the cat sat down", "gamma delta"])
+    got = rouge(["the cat sat", "alpha beta"], ["the cat sat down", "gamma delta"])
     assert got["rouge1"] == pytest.approx(100 * 6 / 7 / 2)
 
 
-def test_rouge_does_not_stem_but_the_stemmed_variant_does():
+def test_rouge_does_not_stem():
     assert rouge(["cats running"], ["cat runs"])["rouge1"] == 0.0
-    assert rouge_stemmed_mean(["cats running"], ["cat runs"])["rouge1"] == pytest.approx(100)
 
 
 def test_rougelsum_uses_t5_sentence_split():
@@ -107,15 +99,6 @@ def test_rougelsum_uses_t5_sentence_split():
     # T5 splits only " . ": untokenized "zeta. alpha" stays one sentence, so rougeLsum = rougeL.
     got = rouge(["delta epsilon zeta. alpha beta gamma."], ["alpha beta gamma. delta epsilon zeta."])
     assert got["rougeL"] == pytest.approx(50) and got["rougeLsum"] == pytest.approx(50)
-
-
-def test_rouge_stemmed_mean_rougelsum_uses_own_sentence_split():
-    prediction = "delta epsilon zeta. alpha beta gamma."
-    reference = "alpha beta gamma. delta epsilon zeta."
-    got = rouge_stemmed_mean([prediction], [reference])
-    assert got["rouge1"] == pytest.approx(100)
-    assert got["rougeL"] == pytest.approx(50)
-    assert got["rougeLsum"] == pytest.approx(100)
 
 
 @pytest.mark.parametrize(
@@ -130,21 +113,6 @@ def test_rouge_stemmed_mean_rougelsum_uses_own_sentence_split():
 )
 def test_t5_rouge_text(text: str, expected: str):
     assert _t5_rouge_text(text) == expected
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("One. Two! Three? Four", "One.\nTwo!\nThree?\nFour"),
-        ('He left. "Go!" she said.', 'He left.\n"Go!"\nshe said.'),
-        ("It cost 3.5 million (or so.) Then", "It cost 3.5 million (or so.)\nThen"),
-        ("first line\nsecond line", "first line\nsecond line"),  # Existing newlines are kept.
-        ("tokenized . cnn text . ", "tokenized .\ncnn text ."),  # T5's " . " -> " .\n" case.
-        ("", ""),
-    ],
-)
-def test_split_sentences(text: str, expected: str):
-    assert _split_sentences(text) == expected
 
 
 def test_rouge_equals_rouge_score_bootstrap_with_the_same_seed():
@@ -215,13 +183,12 @@ TRANSLATION_REFERENCES = [
 
 def test_bleu_known_values():
     sentence = "The cat sat on the mat and looked at the dog."
-    for fn in (bleu, bleu_13a):
-        assert fn([sentence], [sentence]) == {"bleu": pytest.approx(100)}
-        assert fn(["alpha beta gamma delta"], ["epsilon zeta eta theta"]) == {"bleu": 0.0}
-        # Both tokenizers split ASCII punctuation off words, so spacing around it does not matter.
-        assert fn(["The cat sat, on the mat."], ["The cat sat , on the mat ."])["bleu"] == pytest.approx(100)
-        # Corpus-level: one perfect and one empty prediction do not average to 50.
-        assert fn([sentence, ""], [sentence, sentence])["bleu"] < 50
+    assert bleu([sentence], [sentence]) == {"bleu": pytest.approx(100)}
+    assert bleu(["alpha beta gamma delta"], ["epsilon zeta eta theta"]) == {"bleu": 0.0}
+    # The tokenizer splits ASCII punctuation off words, so spacing around it does not matter.
+    assert bleu(["The cat sat, on the mat."], ["The cat sat , on the mat ."])["bleu"] == pytest.approx(100)
+    # Corpus-level: one perfect and one empty prediction do not average to 50.
+    assert bleu([sentence, ""], [sentence, sentence])["bleu"] < 50
 
 
 def test_bleu_equals_sacrebleu_intl_exp():
@@ -230,9 +197,7 @@ def test_bleu_equals_sacrebleu_intl_exp():
     ).score
     assert bleu(TRANSLATION_PREDICTIONS, TRANSLATION_REFERENCES) == {"bleu": expected}
     assert 0 < expected < 100
-    old = sacrebleu.corpus_bleu(TRANSLATION_PREDICTIONS, [TRANSLATION_REFERENCES]).score
-    assert bleu_13a(TRANSLATION_PREDICTIONS, TRANSLATION_REFERENCES) == {"bleu": old}
-    assert old != expected
+    assert sacrebleu.corpus_bleu(TRANSLATION_PREDICTIONS, [TRANSLATION_REFERENCES]).score != expected  # 13a
 
 
 def test_bleu_intl_splits_unicode_punctuation_and_13a_does_not():
@@ -241,7 +206,7 @@ def test_bleu_intl_splits_unicode_punctuation_and_13a_does_not():
         ["„ Hallo “ , sagte er — laut . Das kostet 5 € ."],
     )
     assert bleu(prediction, reference)["bleu"] == pytest.approx(100)
-    assert bleu_13a(prediction, reference)["bleu"] < 50
+    assert sacrebleu.corpus_bleu(prediction, [reference]).score < 50  # sacrebleu's default, 13a
 
 
 # ---------------------------------------------------------------------------------------------- F1 / EM
@@ -318,23 +283,6 @@ def test_normalize_trivia_qa(text: str, expected: str):
     assert _official_normalize_answer(text) == expected
 
 
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("The Cat", "cat"),
-        ("An apple a day", "apple day"),
-        ("theater another", "theater another"),
-        ("  U.S.A.!  ", "usa"),
-        ("Rock & Roll", "rock roll"),
-        ("don't\tstop\n", "dont stop"),
-        ("The_Beatles", "thebeatles"),
-        ("the", ""),
-    ],
-)
-def test_normalize_squad(text: str, expected: str):
-    assert normalize_squad(text) == expected
-
-
 def test_trivia_qa_f1_em_equals_official_script():
     got = trivia_qa_f1_em(TRIVIA_PREDICTIONS, TRIVIA_REFERENCES)
     n = len(TRIVIA_PREDICTIONS)
@@ -359,40 +307,36 @@ def test_trivia_qa_f1_em_equals_official_script():
 
 
 @pytest.mark.parametrize(
-    "prediction, answers, trivia_qa_em, squad_em",
+    "prediction, answers, em",
     [
-        ("Jimi_Hendrix", ["Jimi Hendrix"], 100.0, 0.0),  # SQuAD: "jimihendrix".
-        ("a-ha", ["aha"], 0.0, 100.0),  # TriviaQA: "ha"; SQuAD: "aha".
-        ("U.S.A.", ["u s a"], 100.0, 0.0),  # TriviaQA: both "u s"; SQuAD: "usa" vs "u s".
-        ("‘Hey Jude’", ["hey jude"], 100.0, 0.0),  # SQuAD keeps the curly quotes.
+        ("Jimi_Hendrix", ["Jimi Hendrix"], 100.0),  # "_" is a space.
+        ("a-ha", ["aha"], 0.0),  # "ha": punctuation is a space, then "a" an article.
+        ("U.S.A.", ["u s a"], 100.0),  # both "u s".
+        ("‘Hey Jude’", ["hey jude"], 100.0),  # the curly quotes are punctuation too.
     ],
 )
-def test_trivia_qa_and_squad_normalization_differ(prediction, answers, trivia_qa_em, squad_em):
-    assert trivia_qa_f1_em([prediction], [answers])["em"] == trivia_qa_em
-    assert squad_f1_em([prediction], [answers])["em"] == squad_em
+def test_trivia_qa_normalization_in_exact_match(prediction, answers, em):
+    assert trivia_qa_f1_em([prediction], [answers])["em"] == em
 
 
-@pytest.mark.parametrize("fn", [trivia_qa_f1_em, squad_f1_em])
-def test_f1_partial_overlap(fn):
+def test_f1_partial_overlap():
     # "cat sat" vs "cat sat down": precision 2/2, recall 2/3 -> F1 = 0.8.
-    assert fn(["the cat sat"], [["a cat sat down"]]) == pytest.approx({"f1": 80.0, "em": 0.0})
+    assert trivia_qa_f1_em(["the cat sat"], [["a cat sat down"]]) == pytest.approx({"f1": 80.0, "em": 0.0})
 
 
-@pytest.mark.parametrize("fn", [trivia_qa_f1_em, squad_f1_em])
-def test_f1_max_over_aliases_and_mean(fn):
+def test_f1_max_over_aliases_and_mean():
     predictions = ["The Beatles!", "Paris", "london"]
     references = [["Fab Four", "beatles"], ["Rome"], ["City of London", "the big smoke"]]
-    got = fn(predictions, references)
+    got = trivia_qa_f1_em(predictions, references)
     # Example 1: EM via the alias; 2: nothing; 3: F1 = 2 * (1 * 1/3) / (1 + 1/3) = 0.5.
     assert got["em"] == pytest.approx(100 / 3)
     assert got["f1"] == pytest.approx(100 * (1 + 0 + 0.5) / 3)
 
 
-@pytest.mark.parametrize("fn", [trivia_qa_f1_em, squad_f1_em])
-def test_f1_empty_answers_follow_squad_v11(fn):
+def test_f1_empty_answers_follow_squad_v11():
     # Both normalize to "": exact match, but F1 is 0 (no shared token), as in SQuAD v1.1 and T5.
-    assert fn(["The"], [["a"]]) == {"f1": 0.0, "em": 100.0}
-    assert fn(["..."], [["!"]]) == {"f1": 0.0, "em": 100.0}
+    assert trivia_qa_f1_em(["The"], [["a"]]) == {"f1": 0.0, "em": 100.0}
+    assert trivia_qa_f1_em(["..."], [["!"]]) == {"f1": 0.0, "em": 100.0}
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
@@ -400,16 +344,13 @@ def test_f1_empty_answers_follow_squad_v11(fn):
 
 def test_score_dispatch_and_primary():
     t5_names = {"rouge", "bleu", "f1_em"}
-    assert set(METRICS) == set(PRIMARY) == t5_names | {"rouge_stemmed_mean", "bleu_13a", "squad_f1_em"}
+    assert set(METRICS) == set(PRIMARY) == t5_names
     assert {task.metric for task in TASKS.values()} - {None} == t5_names  # The tasks use T5's metrics.
     assert (METRICS["rouge"], METRICS["bleu"], METRICS["f1_em"]) == (rouge, bleu, trivia_qa_f1_em)
     for name, predictions, references in [
         ("rouge", ["a b c"], ["a b c"]),
         ("bleu", ["a b c d"], ["a b c d"]),
         ("f1_em", ["a b c"], [["a b c"]]),
-        ("rouge_stemmed_mean", ["a b c"], ["a b c"]),
-        ("bleu_13a", ["a b c d"], ["a b c d"]),
-        ("squad_f1_em", ["a b c"], [["a b c"]]),
     ]:
         result = score(name, predictions, references)
         assert PRIMARY[name] in result
@@ -422,15 +363,13 @@ def test_score_dispatch_and_primary():
     [
         (
             "meteor", ["a"], ["a"],
-            r"unknown metric 'meteor'; known metrics: \['bleu', 'bleu_13a', 'f1_em', 'rouge', "
-            r"'rouge_stemmed_mean', 'squad_f1_em'\]",
+            r"unknown metric 'meteor'; known metrics: \['bleu', 'f1_em', 'rouge'\]",
         ),
         ("rouge", ["a", "b"], ["a"], "differ in length: 2 != 1"),
         ("bleu", [], [], "empty"),
         ("rouge", "a cat", "a cat", "predictions must be a sequence of examples"),
         ("f1_em", ["a cat"], ["a cat"], r"references\[0\] must be a non-empty list"),
         ("f1_em", ["a cat"], [[]], r"references\[0\] must be a non-empty list"),
-        ("squad_f1_em", ["a cat"], ["a cat"], r"references\[0\] must be a non-empty list"),
     ],
 )  # fmt: skip
 def test_score_errors(name, predictions, references, match):

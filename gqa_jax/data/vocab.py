@@ -46,7 +46,7 @@ NUM_EXTRA_IDS = 100  # T5's <extra_id_0> .. <extra_id_99>
 VOCAB_MULTIPLE = 128  # vocab_size is padded to a multiple of this (32100 -> 32128 for T5)
 HASH_CHARS = 16  # hex characters of content_hash()
 # Lines train_vocab samples from a larger corpus: the same characters per token as training on every
-# line, in less time (docs/data.md, "Vocabulary training").
+# line, in less time (docs/data.md).
 DEFAULT_MAX_SENTENCES = 200_000
 
 # SentencePiece trainer settings of train_vocab (recorded in the JSON sidecar of each model).
@@ -63,7 +63,7 @@ TRAINER_OPTIONS: dict[str, Any] = {
     "allow_whitespace_only_pieces": True,
     "input_sentence_size": 0,  # train on every line given: train_vocab samples them itself
     # Prune in fewer, larger steps with one EM pass each (SentencePiece's defaults: 0.75, 2): faster,
-    # the same characters per token (docs/data.md, "Vocabulary training").
+    # the same characters per token (docs/data.md).
     "shrinking_factor": 0.5,
     "num_sub_iterations": 1,
 }
@@ -260,9 +260,9 @@ def load_vocab(path: str | os.PathLike) -> Vocabulary:
 class _Corpus:
     """The training lines: every non-blank line of the texts and files, sampled down to ``max_lines``.
 
-    Sampling is ours (reservoir sampling with ``random.Random(seed)``), not SentencePiece's:
-    SentencePiece 0.2.3 samples differently in every process whatever ``set_random_generator_seed``
-    says. Counts and hashes every line read, so the sidecar can name the corpus.
+    Sampling is ours (reservoir sampling with ``random.Random(seed)``), not SentencePiece's, whose
+    sample differs from one process to the next whatever ``set_random_generator_seed`` says. Counts
+    and hashes every line read, so the sidecar can name the corpus. No line at all is a ValueError.
     """
 
     def __init__(self, texts: Iterable[str] | None, corpus_files: Sequence[Path], max_lines: int, seed: int):
@@ -278,6 +278,12 @@ class _Corpus:
                 j = rng.randrange(self.count - self.long)
                 if j < max_lines:
                     self.lines[j] = line
+        if not self.lines:
+            left_out = f" ({self.long} lines longer than {_MAX_SENTENCE_BYTES} bytes are left out)"
+            raise ValueError(
+                "the corpus is empty: it has no non-blank lines to train on"
+                f"{left_out if self.long else ''}; pass texts or --corpus files with text"
+            )
 
     def _split(self, text: str) -> Iterator[str]:
         for line in text.splitlines():
@@ -323,8 +329,8 @@ def _rephrase_trainer_error(e: RuntimeError, size: int, num_lines: int) -> Value
     return ValueError(f"SentencePiece training failed (size={size}, {num_lines} lines): {msg.strip()}")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: ``paths.write_text_atomic`` for bytes (the model file)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -333,6 +339,47 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _check_train_args(texts: Iterable[str] | None, files: Sequence[Path], size: int, out: Path,
+                      overwrite: bool, max_sentences: int, num_threads: int) -> None:  # fmt: skip
+    """``train_vocab``'s arguments, each error saying what to pass instead."""
+    if texts is None and not files:
+        raise ValueError("train_vocab needs texts or corpus_files (--corpus); got neither")
+    if isinstance(texts, str):
+        raise ValueError("texts must be an iterable of documents, got one str; wrap it in a list")
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be a positive int, got {size!r}")
+    if max_sentences < 1 or num_threads < 1:
+        raise ValueError(f"max_sentences and num_threads must be >= 1, got {max_sentences}, {num_threads}")
+    for path in files:
+        if not path.exists():
+            raise FileNotFoundError(f"corpus file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise ValueError(
+                f"corpus file {str(path)!r} is not a file (to use a folder, pass a glob: DIR/**/*.py)"
+            )
+    if not overwrite:
+        for path in (out, _sidecar_path(out)):
+            if path.exists():
+                raise FileExistsError(
+                    f"{str(path)!r} already exists; pass overwrite=True (--overwrite) to replace it"
+                )
+    if out.is_dir():
+        raise ValueError(
+            f"out {str(out)!r} is a directory; pass a file name such as {str(out / 'spm.model')!r}"
+        )
+
+
+def _train_model(lines: list[str], options: dict[str, Any], num_threads: int) -> bytes:
+    """The serialized SentencePiece model trained on ``lines`` with ``options``."""
+    model = io.BytesIO()  # SentencePiece writes the serialized model here
+    try:  # minloglevel 2: warnings and errors only
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model,
+                                       num_threads=num_threads, minloglevel=2, **options)  # fmt: skip
+    except RuntimeError as e:
+        raise _rephrase_trainer_error(e, options["vocab_size"], len(lines)) from None
+    return model.getvalue()
 
 
 def train_vocab(
@@ -360,57 +407,10 @@ def train_vocab(
     """
     out = Path(out)
     files = [Path(p) for p in corpus_files]
-    if texts is None and not files:
-        raise ValueError("train_vocab needs texts or corpus_files (--corpus); got neither")
-    if isinstance(texts, str):
-        raise ValueError("texts must be an iterable of documents, got one str; wrap it in a list")
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int, got {size!r}")
-    if max_sentences < 1 or num_threads < 1:
-        raise ValueError(f"max_sentences and num_threads must be >= 1, got {max_sentences}, {num_threads}")
-    for path in files:
-        if not path.exists():
-            raise FileNotFoundError(f"corpus file {str(path)!r} does not exist")
-        if not path.is_file():
-            raise ValueError(
-                f"corpus file {str(path)!r} is not a file (to use a folder, pass a glob: DIR/**/*.py)"
-            )
-    sidecar = _sidecar_path(out)
-    if not overwrite:
-        for path in (out, sidecar):
-            if path.exists():
-                raise FileExistsError(
-                    f"{str(path)!r} already exists; pass overwrite=True (--overwrite) to replace it"
-                )
-    if out.is_dir():
-        raise ValueError(
-            f"out {str(out)!r} is a directory; pass a file name such as {str(out / 'spm.model')!r}"
-        )
-
+    _check_train_args(texts, files, size, out, overwrite, max_sentences, num_threads)
     corpus = _Corpus(texts, files, max_sentences, seed)
-    if not corpus.lines:
-        too_long = (
-            f" ({corpus.long} lines longer than {_MAX_SENTENCE_BYTES} bytes are left out)"
-            if corpus.long
-            else ""
-        )
-        raise ValueError(
-            f"the corpus is empty: it has no non-blank lines to train on{too_long}; "
-            "pass texts or --corpus files with text"
-        )
     options = {**TRAINER_OPTIONS, "vocab_size": size}
-    model = io.BytesIO()  # SentencePiece writes the serialized model here
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(corpus.lines),
-            model_writer=model,
-            num_threads=num_threads,
-            minloglevel=2,  # warnings and errors only
-            **options,
-        )
-    except RuntimeError as e:
-        raise _rephrase_trainer_error(e, size, len(corpus.lines)) from None
-
+    model = _train_model(corpus.lines, options, num_threads)
     info = {
         "sentencepiece_version": spm.__version__,
         "trainer_options": options,
@@ -422,13 +422,13 @@ def train_vocab(
         "corpus_lines_too_long": corpus.long,
         "corpus_lines_used": len(corpus.lines),
         "corpus_sha256": corpus.sha256.hexdigest(),
-        "model_sha256": hashlib.sha256(model.getvalue()).hexdigest(),
+        "model_sha256": hashlib.sha256(model).hexdigest(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     if not overwrite and out.exists():  # appeared while we trained
         raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
-    _atomic_write(sidecar, (json.dumps(info, indent=2) + "\n").encode())
-    _atomic_write(out, model.getvalue())  # last: an existing model file is always a complete one
+    paths.write_text_atomic(_sidecar_path(out), json.dumps(info, indent=2) + "\n")
+    _write_bytes_atomic(out, model)  # last: an existing model file is always a complete one
     return Vocabulary(out)
 
 

@@ -2,8 +2,9 @@
 
 Floors inside the package: ``state`` (TrainState, Adafactor, schedules, shardings) <- ``step``
 (loss, ``make_train_step``) <- ``evaluation``, ``validate`` (config checks), ``workdir`` (its
-files, checkpoints, restarts), ``lock`` (the lock, undoing a failed start), ``stops`` (SIGINT /
-SIGTERM) <- ``loop`` (``train()``). The names below are the package's public API.
+files, checkpoints, restarts), ``lock`` (who holds the workdir) <- ``journal`` (undoing a failed
+start), ``stops`` (SIGINT / SIGTERM) <- ``loop`` (``train()``). The names below are the package's
+public API.
 """
 
 from gqa_jax.training.evaluation import evaluate

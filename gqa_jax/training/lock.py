@@ -1,5 +1,4 @@
-"""One run per workdir: the lock a ``train`` run takes before it writes anything, and the undo of
-a start that fails before its first step.
+"""One run per workdir: the lock a ``train`` run takes before it writes anything.
 
 The lock is ``<workdir>/lock.json``: the holder's host, pid, boot id, command, start time and a
 heartbeat it refreshes every ``HEARTBEAT_S`` seconds. A second run on the same workdir is refused
@@ -10,18 +9,13 @@ process 0, and every process learns whether it got the lock. On a local disk the
 created atomically (``O_EXCL``); on gs:// it is checked and then written (an object store has no
 exclusive create here), so two starts within the same second could both pass.
 
-``WorkdirLock`` also remembers what the workdir held when the run started. A start that fails before its
-first step (a bad checkpoint, out of memory while compiling, a data error) is undone: the files
-and directories this start created are removed, the metrics it moved aside are moved back, the
-config.json it replaced is restored and a workdir it created is removed again, so the corrected
-command starts as if the failed one had never run. Nothing that was there before is deleted.
+``gqa_jax.training.journal`` takes this lock and undoes a start that fails before its first step.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sys
 import threading
@@ -39,11 +33,6 @@ from gqa_jax.log import log
 LOCK_FILE = "lock.json"
 HEARTBEAT_S = 60.0
 STALE_AFTER_S = 600.0
-# What a start may create at the top of a workdir (and so may remove again when it fails).
-STARTED_FILES = frozenset(
-    {"config.json", "model_config.json", "conversion.json", "calibration.npz", "checkpoints", "tensorboard",
-     "metrics.jsonl", "decodes"}
-)  # fmt: skip
 
 
 def _boot_id() -> str:
@@ -177,8 +166,9 @@ def _acquire(workdir: Any) -> Lock:
     raise RunError(f"could not take the lock {file}: other runs keep taking it; use another --workdir")
 
 
-def _lock_workdir(workdir: Any) -> Lock | None:
-    """Process 0 takes the lock; every process raises the same RunError when it could not."""
+def lock_workdir(workdir: Any) -> Lock | None:
+    """Process 0 takes ``workdir``'s lock (its ``Lock``; None on the other processes); every process
+    raises the same RunError when it could not."""
     lock, error = None, None
     if jax.process_index() == 0:
         try:
@@ -192,78 +182,3 @@ def _lock_workdir(workdir: Any) -> Lock | None:
     if error is not None:
         raise error
     return lock
-
-
-def _names(directory: Any) -> set[str]:
-    return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
-
-
-class WorkdirLock:
-    """The workdir as this start found it; ``rollback()`` puts it back (process 0 writes)."""
-
-    def __init__(self, workdir: Any) -> None:
-        self.workdir = workdir
-        self.is_main = jax.process_index() == 0
-        if workdir.exists() and not workdir.is_dir():
-            raise RunError(f"workdir {workdir} is a file, not a directory: give a directory path")
-        self.created = not workdir.exists()
-        if self.is_main:
-            workdir.mkdir(parents=True, exist_ok=True)
-        try:
-            self.held = _lock_workdir(workdir)
-        except BaseException:
-            self.held, self.committed = None, False
-            self.release()  # a workdir made just now is removed again
-            raise
-        self.before = _names(workdir)
-        self.checkpoints_before = _names(workdir / "checkpoints")
-        config = workdir / "config.json"
-        self.config_text = config.read_text() if config.is_file() else None
-        self.moved: list[tuple[Any, Any]] = []  # (from, to): moved aside by this start
-        self.committed = False
-
-    def move_aside(self, src: Any, dst: Any) -> None:
-        """Move ``src`` to ``dst`` (moved back by ``rollback``); process 0 moves, the others wait."""
-        if not self.is_main:
-            return
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        paths.move(src, dst)
-        self.moved.append((src, dst))
-
-    def rollback(self) -> None:
-        """Undo this start: remove what it created, move back what it moved, restore config.json."""
-        if not self.is_main or self.committed:
-            return
-        for src, dst in reversed(self.moved):
-            if dst.exists() and not src.exists():
-                paths.move(dst, src)
-        for name in sorted(_names(self.workdir) - self.before):
-            if name in STARTED_FILES:
-                _remove(self.workdir / name)
-        if "checkpoints" in self.before:
-            for name in _names(self.workdir / "checkpoints") - self.checkpoints_before:
-                _remove(self.workdir / "checkpoints" / name)
-        if self.config_text is not None:
-            (self.workdir / "config.json").write_text(self.config_text)
-        for _src, dst in self.moved:  # the folder that held what was moved aside, now empty
-            for parent in (dst.parent, dst.parent.parent):
-                if parent != self.workdir and parent.is_dir() and not any(parent.iterdir()):
-                    parent.rmdir()
-
-    def release(self) -> None:
-        """Drop the lock; a workdir this start created and left empty is removed."""
-        if self.held is not None:
-            self.held.release()
-        if self.is_main and self.created and not self.committed and self.workdir.is_dir():
-            if not any(self.workdir.iterdir()):
-                self.workdir.rmdir()
-
-
-def _remove(path: Any) -> None:
-    if path.is_dir():
-        if paths.is_remote(path):
-            path.rmtree()
-        else:
-            shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()

@@ -10,9 +10,11 @@ position, PRNG) and continues exactly as if never stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,8 +33,8 @@ from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.data import vocab as vocab_lib
 from gqa_jax.log import log
 from gqa_jax.training.evaluation import evaluate
-from gqa_jax.training.lock import WorkdirLock
-from gqa_jax.training.state import OptimizerConfig, create_state, make_optimizer, make_schedule
+from gqa_jax.training.journal import WorkdirJournal
+from gqa_jax.training.state import OptimizerConfig, TrainState, create_state, make_optimizer, make_schedule
 from gqa_jax.training.step import make_train_step
 from gqa_jax.training.stops import Stopped, StopSignals
 from gqa_jax.training.validate import check_config, checkpoint_overrides, starts_from
@@ -145,7 +147,8 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     A workdir with checkpoints resumes from the newest readable one (model, optimizer, data
     position, PRNG) and continues exactly as if never stopped. The run holds the workdir's lock
     while it trains (a second run is refused), stops cleanly on SIGINT / SIGTERM (``Stopped``), and
-    a start that fails before its first step leaves the workdir as it found it (``lock.WorkdirLock``).
+    a start that fails before its first step leaves the workdir as it found it
+    (``journal.WorkdirJournal``).
     """
     check_config(config)
     workdir = paths.resolve(workdir, "workdir")
@@ -154,22 +157,69 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
         checkpoints.check_source(source)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
     vocab = load_vocab(config.vocab, task, data_dir)
-    lock = WorkdirLock(workdir)  # creates the workdir and takes its lock before anything is written
+    journal = WorkdirJournal(workdir)  # creates the workdir and takes its lock before anything is written
     try:
         with StopSignals() as stops:
-            return _train(config, workdir, task, data_dir, vocab, lock, stops)
+            return _train(config, workdir, task, data_dir, vocab, journal, stops)
     except Stopped:
         raise  # a clean stop keeps everything: resume with the same command
     except Exception:
-        lock.rollback()  # only undoes a start that failed before its first step
+        journal.rollback()  # only undoes a start that failed before its first step
         raise
     finally:
-        lock.release()
+        journal.release()
 
 
-def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, lock: WorkdirLock,
+@dataclasses.dataclass
+class _Run:
+    """What ``_setup`` builds for the step loop and the export (the train state travels apart)."""
+
+    config: Any
+    workdir: Any
+    task: Any
+    vocab: Any
+    data_dir: str
+    journal: WorkdirJournal
+    stops: StopSignals
+    is_main: bool  # only process 0 writes logs, configs and reports
+    mesh: Any
+    graphdef: Any
+    schedule: Callable[[Any], Any]
+    step_fn: Callable[[TrainState, Any], tuple[TrainState, Any]]
+    manager: Any  # the orbax CheckpointManager of workdir/checkpoints
+    batches: Any  # this process's batch iterator
+    slice_count: int  # how many slices the batch rows are read in (one per process, or fewer)
+    writer: Any  # the MetricWriter (process 0), else None
+    total: int  # num_steps(config)
+    start: int  # the restored step (0 on a fresh start)
+    resumed: bool
+    summary: dict[str, Any]
+
+
+def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, journal: WorkdirJournal,
            stops: StopSignals) -> dict[str, Any]:  # fmt: skip
-    is_main = jax.process_index() == 0  # only process 0 writes logs, configs and reports
+    """``train`` once the workdir is locked: set up, train the steps, export; closes what it opened."""
+    run, state = _setup(config, workdir, task, data_dir, vocab, journal, stops)
+    bar = tqdm(total=run.total, initial=run.start, disable=not (run.is_main and config.progress), unit="step",
+               dynamic_ncols=True)  # fmt: skip
+    try:
+        state = _steps(run, state, bar)
+        summary = _export(run, state)
+        journal.committed = True
+        return summary
+    finally:
+        bar.close()
+        run.manager.wait_until_finished()
+        run.manager.close()
+        if run.writer:
+            run.writer.close()
+
+
+def _setup(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, journal: WorkdirJournal,
+           stops: StopSignals) -> tuple[_Run, TrainState]:  # fmt: skip
+    """Check the workdir, build the model, its train state and the step, restore (or start) and
+    open the data and the metric writer: the ``_Run`` and the state to train from."""
+    is_main = jax.process_index() == 0
     check_workdir(workdir, config)
     if is_main:
         clean_exports(workdir)
@@ -185,17 +235,42 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, lock
             f"{vocab.vocab_size}: use the vocabulary the checkpoint was trained with"
         )
     optimizer = make_optimizer(opt_cfg)
-    schedule = make_schedule(opt_cfg)
     rules = sharding.train_rules(config.fsdp, model_cfg.d_model, mesh)
     state, shardings, graphdef, replicated = create_state(model, optimizer, mesh, config.seed, rules)
     del model
     if config.mesh:
         log(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es): "
             + sharding.replication_report(replicated))  # fmt: skip
-
     manager = checkpoint_manager(workdir, config.keep_checkpoints, best=task.metric is not None)
     state, data_state = restore(manager, state, workdir)
     resumed, start = data_state is not None, int(state.step)
+    _resume_or_start(config, workdir, journal, start, resumed, is_main)
+    if is_main:  # after the decision to run: a refused start leaves these files as they were
+        _write_run_files(workdir, config, model_cfg, manifest, calibration_file)
+    if total == 0:
+        log(f"{workdir}: alpha 0, the converted model is saved without a training step")
+    elif start >= total:
+        log(f"{workdir} already at step {start} >= {total}: nothing to train")
+    batches, slice_count = _batches(config, task, vocab, data_dir, mesh, data_state)
+    dropout = config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0
+    step_fn = make_train_step(
+        graphdef, optimizer, mesh=mesh, state_shardings=shardings, num_microbatches=config.num_microbatches,
+        z_loss=config.z_loss, dropout=dropout, rules=rules,
+    )  # fmt: skip
+    writer = metric_writers.MetricWriter(workdir) if is_main else None
+    run = _Run(
+        config=config, workdir=workdir, task=task, vocab=vocab, data_dir=data_dir, journal=journal,
+        stops=stops, is_main=is_main, mesh=mesh, graphdef=graphdef, schedule=make_schedule(opt_cfg),
+        step_fn=step_fn, manager=manager, batches=batches, slice_count=slice_count, writer=writer,
+        total=total, start=start, resumed=resumed, summary={"steps": total, **info},
+    )  # fmt: skip
+    return run, state
+
+
+def _resume_or_start(config: Any, workdir: Any, journal: WorkdirJournal, start: int, resumed: bool,
+                     is_main: bool) -> None:  # fmt: skip
+    """Say whether the run resumes; a resumed run drops metric lines after ``start``, a fresh one
+    refuses (or sets aside) an earlier run's metrics."""
     if resumed:
         log(f"resuming {workdir} from step {start} (its checkpoint {start})")
         if config.get("restart_from_scratch"):
@@ -203,145 +278,165 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, lock
         if is_main:
             truncate_metrics(workdir, start)
     else:
-        refuse_or_set_aside(workdir, config, lock)  # an earlier run's metrics: never duplicated
+        refuse_or_set_aside(workdir, config, journal)  # an earlier run's metrics: never duplicated
         log(f"{workdir}: starting at step 0")
-    if is_main:  # after the decision to run: a refused start leaves these files as they were
-        write_config(workdir, config)
-        (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
-        if manifest is not None:
-            (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        if calibration_file is not None:
-            (workdir / convert.CALIBRATION_FILE).write_bytes(calibration_file)
-    if total == 0:
-        log(f"{workdir}: alpha 0, the converted model is saved without a training step")
-    elif start >= total:
-        log(f"{workdir} already at step {start} >= {total}: nothing to train")
 
-    # Each process reads its own slice of every batch (processes holding the same rows of the
-    # mesh read the same slice).
+
+def _write_run_files(workdir: Any, config: Any, model_cfg: ModelConfig, manifest: dict[str, Any] | None,
+                     calibration_file: bytes | None) -> None:  # fmt: skip
+    """config.json, model_config.json and, when uptraining, conversion.json and calibration.npz."""
+    write_config(workdir, config)
+    (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
+    if manifest is not None:
+        (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    if calibration_file is not None:
+        (workdir / convert.CALIBRATION_FILE).write_bytes(calibration_file)
+
+
+def _batches(
+    config: Any, task: Any, vocab: Any, data_dir: str, mesh: Any, data_state: Any
+) -> tuple[Any, int]:
+    """This process's train batches, from the restored position ``data_state`` (None: the start),
+    and how many slices the rows are read in: each process reads its own slice of every batch
+    (processes holding the same rows of the mesh read the same slice)."""
     slice_index, slice_count = distributed.process_data_slice(mesh)
     train_pipe = pipeline_lib.make_pipeline(
         task, "train", vocab, batch_size=config.batch_size, seed=config.seed, data_dir=data_dir,
         pack=config.pack, input_length=config.input_length, target_length=config.target_length,
         process_index=slice_index, process_count=slice_count,
     )  # fmt: skip
-    batches = train_pipe.iterator(state=distributed.own_data_state(data_state))
-    dropout = config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0
-    step_fn = make_train_step(
-        graphdef, optimizer, mesh=mesh, state_shardings=shardings, num_microbatches=config.num_microbatches,
-        z_loss=config.z_loss, dropout=dropout, rules=rules,
+    return train_pipe.iterator(state=distributed.own_data_state(data_state)), slice_count
+
+
+def _evaluate(run: _Run, state: TrainState, step: int) -> float | None:
+    """Score ``state`` on the task's dev set (every process, on the mesh); process 0 writes the
+    scores and the decodes. Returns the headline score (None for a task without a metric)."""
+    model = (run.graphdef, state.params)
+    config, task = run.config, run.task
+    t0 = time.time()
+    scores, decodes = evaluate(
+        model, task, run.vocab, num_examples=config.eval_examples, batch_size=config.eval_batch_size,
+        data_dir=run.data_dir, input_length=config.input_length, target_length=config.target_length,
+        mesh=run.mesh,
     )  # fmt: skip
-    writer = metric_writers.MetricWriter(workdir) if is_main else None
-    summary: dict[str, Any] = {"steps": total, **info}
-
-    def run_eval(step: int) -> float | None:
-        model = (graphdef, state.params)  # every process runs the same evaluation on the mesh
-        t0 = time.time()
-        scores, decodes = evaluate(
-            model, task, vocab, num_examples=config.eval_examples, batch_size=config.eval_batch_size,
-            data_dir=data_dir, input_length=config.input_length, target_length=config.target_length,
-            mesh=mesh,
-        )  # fmt: skip
-        if writer:
-            writer.write(
-                step, {f"eval/{k}": v for k, v in scores.items()} | {"eval/seconds": time.time() - t0}
-            )
-            if decodes:
-                metric_writers.write_decodes(
-                    workdir / "decodes" / f"step_{step}.jsonl",
-                    [d["input"] for d in decodes], [d["prediction"] for d in decodes],
-                    [d["reference"] for d in decodes],
-                )  # fmt: skip
-        log(f"step {step}: eval " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
-        if task.metric is None:
-            return None
-        return scores[metrics.PRIMARY[task.metric]]
-
-    def save(step: int, score: float | None) -> None:
-        # The device buffers are donated to the next step: orbax copies every process's shards to
-        # host before save() returns.
-        manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(distributed.all_data_states(batches.get_state())),
-            ),
-            metrics=None if score is None else {"score": float(score)},
-            force=True,
+    if run.writer:
+        run.writer.write(
+            step, {f"eval/{k}": v for k, v in scores.items()} | {"eval/seconds": time.time() - t0}
         )
+        if decodes:
+            metric_writers.write_decodes(
+                run.workdir / "decodes" / f"step_{step}.jsonl",
+                [d["input"] for d in decodes], [d["prediction"] for d in decodes],
+                [d["reference"] for d in decodes],
+            )  # fmt: skip
+    log(f"step {step}: eval " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    if task.metric is None:
+        return None
+    return scores[metrics.PRIMARY[task.metric]]
 
-    bar = tqdm(total=total, initial=start, disable=not (is_main and config.progress), unit="step",
-               dynamic_ncols=True)  # fmt: skip
-    t_last, tokens_since, steps_since = time.time(), 0.0, 0
 
-    def stop_if_asked(step: int, saved: bool) -> None:
-        signum = stops.requested()
-        if signum:
-            if not saved:
-                save(step, None)
-            manager.wait_until_finished()
-            raise Stopped(step, signum)
+def _save(run: _Run, state: TrainState, step: int, score: float | None) -> None:
+    """Checkpoint ``state`` and every process's data position as step ``step`` (with its score)."""
+    # The device buffers are donated to the next step: orbax copies every process's shards to
+    # host before save() returns.
+    run.manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(distributed.all_data_states(run.batches.get_state())),
+        ),
+        metrics=None if score is None else {"score": float(score)},
+        force=True,
+    )
 
-    try:
-        if not resumed:  # a checkpoint before anything runs: a kill from here on loses little
-            save(0, None)
-        if config.eval_at_start and config.eval_every >= 0 and start == 0 and not _scored_at(workdir, 0):
-            run_eval(0)  # the starting point's score: the baseline fine-tuning must beat
-        stop_if_asked(start, saved=True)
-        for step in range(start, total):
-            batch = next(batches)  # this process's rows
-            state, m = step_fn(state, distributed.global_batch(batch, mesh))
-            m = jax.device_get(m)
-            done = step + 1
-            lock.committed = True  # the run has started: a later failure keeps what it wrote
-            if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
-                stop_on_nan(workdir, done, m, batch, manager.latest_step())
-            input_tokens = float(np.sum(batch["encoder_input_tokens"] != 0)) * slice_count  # ~ all rows
-            tokens_since += input_tokens + float(m["tokens"])
-            steps_since += 1
-            bar.update(1)
-            if done % config.log_every == 0 or done == total:
-                elapsed = max(time.time() - t_last, 1e-9)
-                row = {f"train/{k}": float(v) for k, v in m.items()}
-                row |= {
-                    "train/learning_rate": float(schedule(jnp.asarray(step))),
-                    "train/seconds_per_step": elapsed / steps_since,
-                    "train/tokens_per_second": tokens_since / elapsed,
-                    "train/examples_seen": done * config.batch_size,
-                }
-                if writer:
-                    writer.write(done, row)
-                bar.set_postfix(loss=f"{row['train/loss']:.3f}")
-                t_last, tokens_since, steps_since = time.time(), 0.0, 0
-            score = None
-            every = config.eval_every
-            if every >= 0 and ((every and done % every == 0) or done == total):
-                score = run_eval(done)
-            saved = done % config.checkpoint_every == 0 or done == total or score is not None
-            if saved:
-                save(done, score)  # evaluated steps are saved too: the best one is kept
-            stop_if_asked(done, saved)
-        manager.wait_until_finished()
-        summary |= {"final_step": int(state.step)}
-        best = manager.best_step() if task.metric is not None else None
-        if best is not None:
-            summary |= {"best_step": int(best)}
-        final_params = distributed.to_host(state.params)
-        best_params = None  # the best dev checkpoint, exported for the evaluate stage
-        if best is not None:
-            same = int(best) == int(state.step)
-            best_params = final_params if same else distributed.to_host(restore_params(manager, state, best))
-        if is_main:
-            final = nnx.merge(graphdef, final_params)
-            checkpoints.save(final, workdir / "model", overwrite=True)
-            if best_params is not None:
-                checkpoints.save(nnx.merge(graphdef, best_params), workdir / "best_model", overwrite=True)
-            (workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        lock.committed = True
-        return summary
-    finally:
-        bar.close()
-        manager.wait_until_finished()
-        manager.close()
-        if writer:
-            writer.close()
+
+def _stop_if_asked(run: _Run, state: TrainState, step: int, saved: bool) -> None:
+    """On SIGINT / SIGTERM: checkpoint ``step`` (unless ``saved``) and raise ``Stopped``."""
+    signum = run.stops.requested()
+    if signum:
+        if not saved:
+            _save(run, state, step, None)
+        run.manager.wait_until_finished()
+        raise Stopped(step, signum)
+
+
+@dataclasses.dataclass
+class _Throughput:
+    """Time, tokens and steps since the last logged step."""
+
+    since: float
+    tokens: float = 0.0
+    steps: int = 0
+
+
+def _train_row(run: _Run, m: dict[str, Any], step: int, meter: _Throughput) -> dict[str, float]:
+    """The metrics.jsonl row of step ``step + 1``: the step's metrics, learning rate and throughput."""
+    elapsed = max(time.time() - meter.since, 1e-9)
+    row = {f"train/{k}": float(v) for k, v in m.items()}
+    row |= {
+        "train/learning_rate": float(run.schedule(jnp.asarray(step))),
+        "train/seconds_per_step": elapsed / meter.steps,
+        "train/tokens_per_second": meter.tokens / elapsed,
+        "train/examples_seen": (step + 1) * run.config.batch_size,
+    }
+    return row
+
+
+def _steps(run: _Run, state: TrainState, bar: Any) -> TrainState:
+    """Train from ``run.start`` to ``run.total``: log, evaluate and checkpoint as the config says,
+    stop on a NaN and on SIGINT / SIGTERM. Returns the last state."""
+    config = run.config
+    meter = _Throughput(time.time())
+    if not run.resumed:  # a checkpoint before anything runs: a kill from here on loses little
+        _save(run, state, 0, None)
+    if config.eval_at_start and config.eval_every >= 0 and run.start == 0 and not _scored_at(run.workdir, 0):
+        _evaluate(run, state, 0)  # the starting point's score: the baseline fine-tuning must beat
+    _stop_if_asked(run, state, run.start, saved=True)
+    for step in range(run.start, run.total):
+        batch = next(run.batches)  # this process's rows
+        state, m = run.step_fn(state, distributed.global_batch(batch, run.mesh))
+        m = jax.device_get(m)
+        done = step + 1
+        run.journal.committed = True  # the run has started: a later failure keeps what it wrote
+        if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
+            stop_on_nan(run.workdir, done, m, batch, run.manager.latest_step())
+        input_tokens = float(np.sum(batch["encoder_input_tokens"] != 0)) * run.slice_count  # ~ all rows
+        meter.tokens += input_tokens + float(m["tokens"])
+        meter.steps += 1
+        bar.update(1)
+        if done % config.log_every == 0 or done == run.total:
+            row = _train_row(run, m, step, meter)
+            if run.writer:
+                run.writer.write(done, row)
+            bar.set_postfix(loss=f"{row['train/loss']:.3f}")
+            meter = _Throughput(time.time())
+        score = None
+        every = config.eval_every
+        if every >= 0 and ((every and done % every == 0) or done == run.total):
+            score = _evaluate(run, state, done)
+        saved = done % config.checkpoint_every == 0 or done == run.total or score is not None
+        if saved:
+            _save(run, state, done, score)  # evaluated steps are saved too: the best one is kept
+        _stop_if_asked(run, state, done, saved)
+    return state
+
+
+def _export(run: _Run, state: TrainState) -> dict[str, Any]:
+    """Write model/ (the final parameters), best_model/ (the best scored checkpoint's) and
+    summary.json (process 0); returns the summary."""
+    run.manager.wait_until_finished()
+    summary = run.summary | {"final_step": int(state.step)}
+    best = run.manager.best_step() if run.task.metric is not None else None
+    if best is not None:
+        summary |= {"best_step": int(best)}
+    final_params = distributed.to_host(state.params)
+    best_params = None  # the best dev checkpoint, exported for the evaluate stage
+    if best is not None:
+        same = int(best) == int(state.step)
+        best_params = final_params if same else distributed.to_host(restore_params(run.manager, state, best))
+    if run.is_main:
+        checkpoints.save(nnx.merge(run.graphdef, final_params), run.workdir / "model", overwrite=True)
+        if best_params is not None:
+            checkpoints.save(nnx.merge(run.graphdef, best_params), run.workdir / "best_model", overwrite=True)
+        (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary

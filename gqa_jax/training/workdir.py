@@ -58,15 +58,6 @@ RESTART_MAY_CHANGE = frozenset(
 )
 
 
-# Fields added after runs were written: a stored config without one ran as this value does.
-ADDED_FIELDS = {
-    "uptrain.calibration_batches": 0,
-    "uptrain.calibration_batch_size": 8,
-    "uptrain.calibration_task": None,
-    "optimizer.schedule": None,
-}
-
-
 def config_dict(config: Any) -> dict[str, Any]:
     return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
@@ -126,7 +117,7 @@ def check_workdir(workdir: Any, config: Any) -> None:
     holds_work = earlier_work(workdir) or (ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()))
     if not holds_work:
         return
-    stored = ADDED_FIELDS | _flat(_read_config(stored_file))
+    stored = _flat(_read_config(stored_file))
     new = _flat(json.loads(json.dumps(config_dict(config), default=str)))
     diff = sorted(
         k for k in set(stored) | set(new) if stored.get(k) != new.get(k) and k not in RESTART_MAY_CHANGE
@@ -139,11 +130,11 @@ def check_workdir(workdir: Any, config: Any) -> None:
         )
 
 
-def refuse_or_set_aside(workdir: Any, config: Any, lock: Any) -> None:
+def refuse_or_set_aside(workdir: Any, config: Any, journal: Any) -> None:
     """A start from step 0 in a workdir that holds an earlier run's metrics or exports (killed
     before its first checkpoint, or with every checkpoint unreadable): refused unless
     ``config.restart_from_scratch``, which moves them to ``previous/<time>/`` (never duplicated
-    in the new metrics.jsonl, never deleted)."""
+    in the new metrics.jsonl, never deleted; ``journal`` moves them back if this start fails)."""
     found = earlier_work(workdir)
     if not found:
         return
@@ -163,7 +154,7 @@ def refuse_or_set_aside(workdir: Any, config: Any, lock: Any) -> None:
             break
         dest = workdir / "previous" / f"{stamp}-{n}"
     for path in found:
-        lock.move_aside(path, dest / path.name)
+        journal.move_aside(path, dest / path.name)
     log(f"restart_from_scratch: moved the earlier run's {names} to {dest}; starting at step 0")
 
 

@@ -60,6 +60,8 @@ defaults to None is a typed placeholder and takes only a value of its type):
                       eval_at_start also scores the starting point (step 0); eval_examples caps
                       the dev examples decoded, eval_batch_size rows per decoding batch
     progress          a tqdm progress bar on stderr
+    profile_steps     "A:B": a jax.profiler trace of steps A to B (metrics.jsonl's step numbers) in
+                      WORKDIR/tensorboard, for TensorBoard's profile plugin or XProf; "": none
     restart_from_scratch  train from step 0 in a workdir that holds an earlier run's metrics but
                       no checkpoint to resume (its files are moved to previous/<time>/)
 
@@ -137,6 +139,7 @@ def get_config(variant: str = "") -> config_dict.ConfigDict:
     c.eval_examples = 256
     c.eval_batch_size = 32
     c.progress = True
+    c.profile_steps = ""
     c.restart_from_scratch = False
     return c
 

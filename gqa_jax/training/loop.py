@@ -24,7 +24,17 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm
 
-from gqa_jax import calibration, checkpoints, convert, distributed, metric_writers, metrics, paths, sharding
+from gqa_jax import (
+    calibration,
+    checkpoints,
+    convert,
+    distributed,
+    metric_writers,
+    metrics,
+    paths,
+    profiling,
+    sharding,
+)
 from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig, preset
 from gqa_jax.data import pipeline as pipeline_lib
@@ -190,6 +200,7 @@ class _Run:
     batches: Any  # this process's batch iterator
     slice_count: int  # how many slices the batch rows are read in (one per process, or fewer)
     writer: Any  # the MetricWriter (process 0), else None
+    trace: profiling.StepTrace  # config.profile_steps' trace, into workdir/tensorboard
     total: int  # num_steps(config)
     start: int  # the restored step (0 on a fresh start)
     resumed: bool
@@ -209,6 +220,7 @@ def _train(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, jour
         return summary
     finally:
         bar.close()
+        run.trace.close()
         run.manager.wait_until_finished()
         run.manager.close()
         if run.writer:
@@ -258,11 +270,13 @@ def _setup(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, jour
         z_loss=config.z_loss, dropout=dropout, rules=rules,
     )  # fmt: skip
     writer = metric_writers.MetricWriter(workdir) if is_main else None
+    traced = profiling.parse_steps(config.profile_steps, "config.profile_steps")
     run = _Run(
         config=config, workdir=workdir, task=task, vocab=vocab, data_dir=data_dir, journal=journal,
         stops=stops, is_main=is_main, mesh=mesh, graphdef=graphdef, schedule=make_schedule(opt_cfg),
         step_fn=step_fn, manager=manager, batches=batches, slice_count=slice_count, writer=writer,
         total=total, start=start, resumed=resumed, summary={"steps": total, **info},
+        trace=profiling.StepTrace(workdir / metric_writers.TENSORBOARD_DIR, traced),
     )  # fmt: skip
     return run, state
 
@@ -393,10 +407,13 @@ def _steps(run: _Run, state: TrainState, bar: Any) -> TrainState:
         _evaluate(run, state, 0)  # the starting point's score: the baseline fine-tuning must beat
     _stop_if_asked(run, state, run.start, saved=True)
     for step in range(run.start, run.total):
-        batch = next(run.batches)  # this process's rows
-        state, m = run.step_fn(state, distributed.global_batch(batch, run.mesh))
-        m = jax.device_get(m)
         done = step + 1
+        batch = next(run.batches)  # this process's rows
+        run.trace.before(done)
+        with jax.profiler.StepTraceAnnotation("train", step_num=done):
+            state, m = run.step_fn(state, distributed.global_batch(batch, run.mesh))
+        run.trace.after(done, m)
+        m = jax.device_get(m)
         run.journal.committed = True  # the run has started: a later failure keeps what it wrote
         if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
             stop_on_nan(run.workdir, done, m, batch, run.manager.latest_step())

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from gqa_jax import conversion, sharding
+from gqa_jax import conversion, profiling, sharding
 from gqa_jax.config import DTYPES, REMAT_POLICIES, ModelConfig
 from gqa_jax.data import tasks as tasks_lib
 
@@ -144,6 +144,7 @@ def check_config(config: Any) -> None:
     if config.recipe == "uptrain":
         _check_uptrain(config, task)
     _check_numbers(config)
+    profiling.parse_steps(config.get("profile_steps"), "config.profile_steps")
     source = starts_from(config)
     if source and config.recipe == "pretrain":
         raise ValueError(

@@ -49,6 +49,7 @@ RESTART_MAY_CHANGE = frozenset(
         "eval_at_start",
         "keep_checkpoints",
         "progress",
+        "profile_steps",  # a trace of some steps: the same computation
         "mesh",  # orbax restores into whatever shardings the new mesh gives
         "model.remat",  # memory against recomputation: the same computation
         "model.scan_layers",  # the same computation, compiled once per stack

@@ -268,21 +268,13 @@ def make_pipeline(
     shuffle = is_train if shuffle is None else shuffle
     repeat = is_train if repeat is None else repeat
     process_index, process_count = _process(process_index, process_count)
-    if batch_size < 1 or batch_size % process_count:
-        raise ValueError(
-            f"batch_size {batch_size} must be a positive multiple of process_count {process_count}"
-        )
-    local_batch = batch_size // process_count
+    local_batch = _local_batch_size(batch_size, process_count)
     if pack and not repeat:
         raise ValueError("pack=True is for training streams (repeat=True); evaluation reads padded rows")
     input_length, target_length = _lengths(task, input_length, target_length)
     _check_vocab(vocab)
 
-    if source is None:
-        source = tasks_lib.open_split(task, split, data_dir)
-    num_source = len(source)
-    if num_source == 0:
-        raise ValueError(f"task {task.name} split {split} has no examples")
+    source = _open_source(task, split, data_dir, source)
     ds = _examples(source, shuffle, repeat, seed, process_index, process_count)
     if task.span_corruption:
         it = _span_corrupted(ds, task, vocab, input_length, target_length, seed, process_index)
@@ -303,8 +295,17 @@ def make_pipeline(
         repeat=repeat,
         seed=seed,
         dataset=it,
-        num_source_examples=num_source,
+        num_source_examples=len(source),
     )
+
+
+def _local_batch_size(batch_size: int, process_count: int) -> int:
+    """This process's rows of a ``batch_size``-row global batch."""
+    if batch_size < 1 or batch_size % process_count:
+        raise ValueError(
+            f"batch_size {batch_size} must be a positive multiple of process_count {process_count}"
+        )
+    return batch_size // process_count
 
 
 def _lengths(task: tasks_lib.Task, input_length: int | None, target_length: int | None) -> tuple[int, int]:
@@ -322,6 +323,15 @@ def _lengths(task: tasks_lib.Task, input_length: int | None, target_length: int 
 def _check_vocab(vocab: Any) -> None:
     if getattr(vocab, "sp_size", None) is None or not hasattr(vocab, "encode"):
         raise ValueError(f"vocab must be a gqa_jax.data.vocab.Vocabulary, got {type(vocab).__name__}")
+
+
+def _open_source(task: tasks_lib.Task, split: str, data_dir: str | os.PathLike | None, source: Any) -> Any:
+    """``source``, or (None) the task's TFDS split; an error when it holds no examples."""
+    if source is None:
+        source = tasks_lib.open_split(task, split, data_dir)
+    if len(source) == 0:
+        raise ValueError(f"task {task.name} split {split} has no examples")
+    return source
 
 
 def _examples(

@@ -13,13 +13,13 @@ fine-tuned (2 seeds, 3 for MQA as the paper's Appendix A does) on ``stdlib_calls
 source -> the names it calls, F1: an answer read from the input, like TriviaQA's) and
 ``stdlib_modsum`` (a module's source -> its docstring's first paragraph, ROUGE-1), the best dev
 checkpoint is scored on the dev split (its task metric and its teacher-forced dev loss, on 256
-examples: all of modsum's 26), each role is also scored before fine-tuning
+examples: all of modsum's smaller one), each role is also scored before fine-tuning
 (``eval_<role>_<task>_start``: the sanity claims' step 0), and each role's greedy decoding is
 timed at the timing shape (``time``: batch 32, 256 input tokens, 256 output; every time run repeats
 its timing ``time.runs`` times, the decoder's steps alone too).
 ``stdlib_docsum`` and ``stdlib_qa`` are not in the default scale: no role read its input there
-at any setting tried (docsum: a constant sentence scores above every fine-tuned model; qa: F1
-0.82, one common name prefix for every question; docs/experiments.md); the ``large`` scale keeps
+at any setting tried (docsum: a constant sentence scores above every fine-tuned model; qa: each
+role answers one name to nearly every question; docs/experiments.md); the ``large`` scale keeps
 them beside calls and modsum, to find out whether larger roles do. The figures:
 
 - Fig. 3 from Table 1;
@@ -35,21 +35,22 @@ them beside calls and modsum, to find out whether larger roles do. The figures:
   an int8 KV cache (``--set caches=float`` for the float line alone; the quick scale's default).
 
 Settings that differ from the paper's, and why: fine-tuning at batch 8 for 600 steps on calls
-and 200 on modsum (its 436 training examples, about 4 epochs), the learning rate 0.005 falling
+and 200 on modsum (a few epochs of its small training split), the learning rate 0.005 falling
 linearly to 0 (``optimizer.schedule=linear``; the paper: a constant 0.001, batch 128, to
 convergence; at a constant 0.01 the dev score jumped by points between evaluations, at 0.001
-these small models barely move), no dropout (a quarter of a fine-tuning step on this CPU), the
-tasks at shorter lengths than the suite's own (512 and 2048 inputs cost seconds per step on a
-CPU), timing in float32 (bfloat16 is slow on a CPU) at one shape, batch 32 (the paper's rule: the
-largest batch that fits, up to 32 per chip; everything fits here) with 256 input and 256 output
-tokens, where the KV cache is most of what a decoder step reads and the decoder's steps most of the
-time (at the tasks' 256 / 32 and batch 8 the prefill was half of it; docs/experiments.md has the
-pilot). Greedy decoding, the best dev checkpoint and the conversion are the paper's.
+these small models barely move), no dropout (its random bits are a large share of a fine-tuning
+step on a CPU), the tasks at shorter lengths than the suite's own (512 and 2048 inputs cost
+seconds per step on a CPU), timing in float32 (bfloat16 is slow on a CPU) at one shape, batch 32
+(the paper's rule: the largest batch that fits, up to 32 per chip; everything fits here) with 256
+input and 256 output tokens, where the KV cache is most of what a decoder step reads and the
+decoder's steps most of the time (at the tasks' 256 / 32 tokens and batch 8 the prefill is a large
+share of it; docs/experiments.md has the pilot). Greedy decoding, the best dev checkpoint and the
+conversion are the paper's.
 
 Scales (``--set scale=...``): ``default`` (the README's main command), ``quick`` (the test
 suite's: one task, few steps, a smoke run of a few minutes), ``large`` (bigger roles and longer
 runs for a GPU or TPU host). How many runs each has: ``sweep experiments/mini.py --set
-scale=... --dry-run``; their measured wall times: docs/experiments.md ("The mini reproduction").
+scale=... --dry-run``; their measured wall times: docs/experiments.md.
 
 The paper's numbers beside ours are its Table 1 rows (T_infer s per TPUv4 chip / its Average over
 its seven tasks): MHA-Large 0.37 / 46.0, MHA-XXL 1.51 / 47.2, MQA-XXL 0.24 / 46.6, GQA-8-XXL
@@ -98,7 +99,8 @@ SCALES = {
         "tasks": (("stdlib_calls", 256, 32), ("stdlib_modsum", 256, 32)),
         "seeds": {"MHA-Large": 2, "MHA-XXL": 2, "MQA-XXL": 3, "GQA-2-XXL": 2},
         "finetune": {
-            # modsum has 436 training examples, one per row at 256 tokens: 200 steps are ~4 epochs
+            # modsum's training split is small (one example per row at 256 tokens): 200 steps are a
+            # few epochs of it
             "num_train_steps": {"stdlib_calls": 600, "stdlib_modsum": 200},
             "eval_every": {"stdlib_calls": 150, "stdlib_modsum": 50},
             "batch_size": 8,
@@ -107,7 +109,7 @@ SCALES = {
             "dropout_rate": 0.0,
         },
         "eval_examples": 64,
-        "evaluate_examples": 256,  # modsum's dev split has 26: all of them
+        "evaluate_examples": 256,  # more than modsum's dev split holds: all of it
         # Table 1's and Fig. 6's time runs at one shape where the cache is most of what a decoder step
         # reads and the steps most of the time (docs/experiments.md); lengths None: the tasks'
         "time": {"batch": 32, "runs": 5, "lengths": (256, 256)},
@@ -137,7 +139,8 @@ SCALES = {
         },
         "eval_examples": 4,
         "evaluate_examples": 4,
-        "time": {"batch": 16, "runs": 5, "lengths": (64, 64)},  # as the default: the cache 84% of a step
+        # as the default: a shape where the cache is most of what a decoder step reads
+        "time": {"batch": 16, "runs": 5, "lengths": (64, 64)},
         "groups": (1, 8),
         "fig6_lengths": (64, 64),
         "caches": "float",
@@ -216,6 +219,27 @@ def get_sweep(params):
         input_length=s["pretrain"]["input_length"],
         batch_size=s["pretrain"]["batch_size"],
     )
+    runs = [
+        *_pretrain_runs(s, span),
+        *_fig5_uptrain_runs(s, params, span),
+        *_fig4_uptrain_runs(s, params, span),
+        *_table1_finetune_runs(s, params, data),
+        *_fig6_convert_runs(s),
+    ]
+    # Time runs last: each runs alone (the runner never starts anything beside a time run).
+    timing = {"batch": s["time"]["batch"], "runs": s["time"]["runs"], "dtype": "float32"}
+    caches = paper.fig6_caches(params["caches"] or s["caches"])
+    runs += [*_table1_time_runs(s, timing), *_fig6_time_runs(s, timing, caches)]
+    return Sweep("mini", tuple(runs), _paper(s, paper.conversion_methods(params["methods"]), caches))
+
+
+def _model(role):
+    """The model a pre-trained role leaves: ``{run:pretrain_<role>}/model``."""
+    return f"{{run:pretrain_{role.lower()}}}/model"
+
+
+def _pretrain_runs(s, span):
+    """Each role (``Large``, ``XXL``) pre-trained from scratch as an MHA model."""
     steps = s["pretrain"]["num_train_steps"]
     runs = []
     for role, shape in s["shapes"].items():
@@ -234,61 +258,78 @@ def get_sweep(params):
                 tags={"model": f"MHA-{role}"},
             )
         )
-    src = {role: f"{{run:pretrain_{role.lower()}}}/model" for role in s["shapes"]}
-    up = dict(span, eval_every=0, checkpoint_every=1000)
+    return runs
 
-    def uptrain(name, role, kv, alpha, method="mean", tags=None, seed=0, at_start=False):
-        alpha_fields = {"eval_at_start": True} if alpha == 0 or at_start else {}
-        return R.uptrain(
-            name,
-            src[role],
-            kv,
-            params,
-            method=method,
-            alpha=alpha,
-            original_steps=steps,
-            deps=(f"pretrain_{role.lower()}",),
-            seed=seed,
-            tags=tags,
-            **{**up, **alpha_fields},
-        )
 
-    # Fig. 5 (and Table 1's starting points at alpha 0.05): the XXL role at each alpha.
+def _uptrain(s, params, span, name, role, kv, alpha, method="mean", tags=None, seed=0, at_start=False):
+    """``role`` converted to ``kv`` K/V heads by ``method`` and uptrained for ``alpha`` of its
+    pre-training steps (scored before the first step too at alpha 0 or with ``at_start``)."""
+    alpha_fields = {"eval_at_start": True} if alpha == 0 or at_start else {}
+    return R.uptrain(
+        name,
+        _model(role),
+        kv,
+        params,
+        method=method,
+        alpha=alpha,
+        original_steps=s["pretrain"]["num_train_steps"],
+        deps=(f"pretrain_{role.lower()}",),
+        seed=seed,
+        tags=tags,
+        **{**span, "eval_every": 0, "checkpoint_every": 1000, **alpha_fields},
+    )
+
+
+def _fig5_uptrain_runs(s, params, span):
+    """Fig. 5 (and Table 1's starting points at alpha 0.05): the XXL role at each alpha."""
+    runs = []
     for kv, model in ((1, "MQA-XXL"), (s["gqa"], f"GQA-{s['gqa']}-XXL")):
         for alpha in s["alphas"]:
-            runs.append(
-                uptrain(
-                    f"uptrain_xxl_k{kv}_a{alpha:g}", "XXL", kv, alpha, tags={"model": model, "alpha": alpha}
-                )
-            )
-    # Fig. 4: the Large role -> MQA by each method, alpha 0.05, scored converted (step 0) and
-    # uptrained, over fig4_seeds uptraining seeds (seed 0's run keeps its name).
+            name, tags = f"uptrain_xxl_k{kv}_a{alpha:g}", {"model": model, "alpha": alpha}
+            runs.append(_uptrain(s, params, span, name, "XXL", kv, alpha, tags=tags))
+    return runs
+
+
+def _fig4_uptrain_runs(s, params, span):
+    """Fig. 4: the Large role -> MQA by each method, alpha 0.05, scored converted (step 0) and
+    uptrained, over fig4_seeds uptraining seeds (seed 0's run keeps its name)."""
+    runs = []
     for method in paper.conversion_methods(params["methods"]):
         for seed in range(int(params["fig4_seeds"])):
             name = f"uptrain_large_mqa_{method}" + (f"_s{seed}" if seed else "")
             tags = {"method": method, "seed": seed}
-            runs.append(uptrain(name, "Large", 1, 0.05, method, tags, seed=seed, at_start=True))
+            runs.append(
+                _uptrain(s, params, span, name, "Large", 1, 0.05, method, tags, seed=seed, at_start=True)
+            )
+    return runs
 
-    # Table 1: fine-tune every role on every task, score its best dev checkpoint, time it.
+
+def _finetune_fields(s, data, task, lengths):
+    """The fine-tuning run's config fields on ``task`` at ``lengths``."""
     ft = s["finetune"]
+    return dict(
+        data,
+        **lengths,
+        num_train_steps=_per_task(ft["num_train_steps"], task),
+        eval_every=_per_task(ft["eval_every"], task),
+        batch_size=ft["batch_size"],
+        eval_examples=s["eval_examples"],
+        eval_at_start=False,
+        checkpoint_every=1000,
+        **{"optimizer.learning_rate": ft["learning_rate"]},
+        **({"optimizer.schedule": ft["schedule"]} if "schedule" in ft else {}),
+        **({"model.dropout_rate": ft["dropout_rate"]} if "dropout_rate" in ft else {}),
+    )
+
+
+def _table1_finetune_runs(s, params, data):
+    """Table 1: every role fine-tuned on every task and its best dev checkpoint scored, each seed;
+    and the role before fine-tuning scored the same way (the sanity claims' step 0)."""
+    runs = []
     for model, start in _roles(s).items():
         key = model.lower().replace("-", "_")
         for task, inp, tgt in s["tasks"]:
             lengths = {"input_length": inp, "target_length": tgt}
-            fields = dict(
-                data,
-                **lengths,
-                num_train_steps=_per_task(ft["num_train_steps"], task),
-                eval_every=_per_task(ft["eval_every"], task),
-                batch_size=ft["batch_size"],
-                eval_examples=s["eval_examples"],
-                eval_at_start=False,
-                checkpoint_every=1000,
-                **{"optimizer.learning_rate": ft["learning_rate"]},
-                **({"optimizer.schedule": ft["schedule"]} if "schedule" in ft else {}),
-                **({"model.dropout_rate": ft["dropout_rate"]} if "dropout_rate" in ft else {}),
-            )
-            # the model before fine-tuning, scored the same way (the sanity claims' step 0)
             runs.append(
                 R.evaluate(
                     f"eval_{key}_{task}_start",
@@ -310,18 +351,27 @@ def get_sweep(params):
                     seed=seed,
                     deps=(start,),
                     tags={"model": model},
-                    finetune_fields=fields,
+                    finetune_fields=_finetune_fields(s, data, task, lengths),
                     evaluate_options=dict(lengths, examples=s["evaluate_examples"]),
                 )
-    # Fig. 6's models: the XXL role converted to each number of groups (no uptraining).
+    return runs
+
+
+def _fig6_convert_runs(s):
+    """Fig. 6's models: the XXL role converted to each number of groups (no uptraining)."""
     heads = s["shapes"]["XXL"]["num_heads"]
-    for k in s["groups"]:
-        if k != heads:
-            runs.append(R.convert(f"convert_xxl_k{k}", src["XXL"], k, deps=("pretrain_xxl",)))
-    # Time runs last: each runs alone (the runner never starts anything beside a time run).
-    timing = {"batch": s["time"]["batch"], "runs": s["time"]["runs"], "dtype": "float32"}
-    # at the timing shape, or (None) at each task's lengths, each set of lengths once
+    return [
+        R.convert(f"convert_xxl_k{k}", _model("XXL"), k, deps=("pretrain_xxl",))
+        for k in s["groups"]
+        if k != heads
+    ]
+
+
+def _table1_time_runs(s, timing):
+    """Table 1's time per sample of each role at the timing shape, or (lengths None) at each
+    task's lengths, each set of lengths once."""
     shapes = [s["time"]["lengths"]] if s["time"]["lengths"] else [(inp, tgt) for _, inp, tgt in s["tasks"]]
+    runs = []
     for model, start in _roles(s).items():
         key = model.lower().replace("-", "_")
         for inp, tgt in dict.fromkeys(shapes):
@@ -339,8 +389,14 @@ def get_sweep(params):
                     **timing,
                 )
             )
+    return runs
+
+
+def _fig6_time_runs(s, timing, caches):
+    """Fig. 6: the XXL role's time per sample at each number of groups, with each KV cache."""
+    heads = s["shapes"]["XXL"]["num_heads"]
     long_in, long_out = s["fig6_lengths"]
-    caches = paper.fig6_caches(params["caches"] or s["caches"])
+    runs = []
     for cache in caches:
         suffix, options, cache_tags = paper.fig6_cache_run(cache)
         for k in s["groups"]:
@@ -359,7 +415,7 @@ def get_sweep(params):
                     **options,
                 )
             )
-    return Sweep("mini", tuple(runs), _paper(s, paper.conversion_methods(params["methods"]), caches))
+    return runs
 
 
 def _paper(s, methods=paper.FIG4_METHODS, caches=("float",)):

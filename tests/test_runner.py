@@ -124,7 +124,8 @@ def _mark_done(
         argv = [python, *runner.full_command(r, record_root or root)[1:]]
         (root / r.name).mkdir(parents=True)
         state = "running" if r.name == "v" else "done"  # v: killed midway
-        (root / r.name / runner.RUN_FILE).write_text(json.dumps({"status": state, "command": argv}))
+        record = {"status": state, "command": argv, "root": str(record_root or root)}
+        (root / r.name / runner.RUN_FILE).write_text(json.dumps(record))
 
 
 def test_a_done_run_whose_command_changed_is_refused_and_redone_only_when_asked(tmp_path, monkeypatch):

@@ -268,75 +268,22 @@ def make_pipeline(
     shuffle = is_train if shuffle is None else shuffle
     repeat = is_train if repeat is None else repeat
     process_index, process_count = _process(process_index, process_count)
-    if batch_size < 1 or batch_size % process_count:
-        raise ValueError(
-            f"batch_size {batch_size} must be a positive multiple of process_count {process_count}"
-        )
-    local_batch = batch_size // process_count
+    local_batch = _local_batch_size(batch_size, process_count)
     if pack and not repeat:
         raise ValueError("pack=True is for training streams (repeat=True); evaluation reads padded rows")
-    input_length = task.input_length if input_length is None else input_length
-    if task.span_corruption and target_length is None:
-        target_length = span_corruption_lengths(input_length)[1]
-    target_length = task.target_length if target_length is None else target_length
-    if input_length < 2 or target_length < 2:
-        raise ValueError(f"input_length {input_length} and target_length {target_length} must be >= 2")
-    vocab_size = getattr(vocab, "sp_size", None)
-    if vocab_size is None or not hasattr(vocab, "encode"):
-        raise ValueError(f"vocab must be a gqa_jax.data.vocab.Vocabulary, got {type(vocab).__name__}")
+    input_length, target_length = _lengths(task, input_length, target_length)
+    _check_vocab(vocab)
 
-    if source is None:
-        source = tasks_lib.open_split(task, split, data_dir)
-    num_source = len(source)
-    if num_source == 0:
-        raise ValueError(f"task {task.name} split {split} has no examples")
-    ds = grain.MapDataset.source(source)
-    ds = ds.map_with_index(lambda i, ex: (i, ex))  # keep the source index through the shuffle
-    if shuffle:
-        ds = ds.shuffle(seed=seed)
-    if repeat:
-        ds = ds.repeat(None)
-    ds = ds[process_index::process_count]
-
+    source = _open_source(task, split, data_dir, source)
+    ds = _examples(source, shuffle, repeat, seed, process_index, process_count)
     if task.span_corruption:
-        chunk, derived_targets = span_corruption_lengths(input_length)
-        if target_length != derived_targets:
-            raise ValueError(
-                f"span corruption of {input_length} input tokens gives {derived_targets} target tokens "
-                f"(T5's derivation), not {target_length}: leave target_length unset"
-            )
-        corrupt_vocab = vocab.sp_size + vocab.extra_ids
-        eos = vocab.eos_id
-
-        def corrupt(index: int, tokens: np.ndarray) -> dict[str, np.ndarray]:
-            words = np.random.SeedSequence([seed, process_index, index]).generate_state(2)
-            example_seed = int(words[0]) << 32 | int(words[1])
-            inputs, targets = span_corrupt(tokens, vocab_size=corrupt_vocab, seed=example_seed, eos_id=eos)
-            return {"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32)}
-
-        it = grain.experimental.FlatMapIterDataset(ds.to_iter_dataset(), _Chunks(task, vocab, chunk))
-        it = it.map_with_index(corrupt)
+        it = _span_corrupted(ds, task, vocab, input_length, target_length, seed, process_index)
     else:
         it = ds.map(_Tokenize(task, vocab, input_length, target_length)).to_iter_dataset()
-
     if pack:
-        it = grain.experimental.FirstFitPackIterDataset(
-            it.map(lambda ex: {"inputs": ex["inputs"], "targets": ex["targets"]}),
-            length_struct={"inputs": input_length, "targets": target_length},
-            num_packing_bins=num_packing_bins or local_batch,
-            shuffle_bins=False,
-        )
-        it = it.map(_finish_packed).batch(local_batch, drop_remainder=True)
+        it = _packed_batches(it, input_length, target_length, num_packing_bins or local_batch, local_batch)
     else:
-        keep_index = not repeat
-
-        def finish(ex: Mapping[str, np.ndarray]) -> Batch:
-            ex = ex if keep_index else {k: v for k, v in ex.items() if k != "index"}
-            return _finish_padded(ex, input_length, target_length)
-
-        it = it.map(finish).batch(local_batch, drop_remainder=repeat)
-        if not repeat:
-            it = it.map(lambda b: _pad_batch(b, local_batch))
+        it = _padded_batches(it, input_length, target_length, local_batch, repeat)
     return Pipeline(
         task=task,
         split=split,
@@ -348,5 +295,112 @@ def make_pipeline(
         repeat=repeat,
         seed=seed,
         dataset=it,
-        num_source_examples=num_source,
+        num_source_examples=len(source),
     )
+
+
+def _local_batch_size(batch_size: int, process_count: int) -> int:
+    """This process's rows of a ``batch_size``-row global batch."""
+    if batch_size < 1 or batch_size % process_count:
+        raise ValueError(
+            f"batch_size {batch_size} must be a positive multiple of process_count {process_count}"
+        )
+    return batch_size // process_count
+
+
+def _lengths(task: tasks_lib.Task, input_length: int | None, target_length: int | None) -> tuple[int, int]:
+    """The rows' input and target lengths: the given ones, else the task's (span corruption: the
+    target length T5 derives from the input length)."""
+    input_length = task.input_length if input_length is None else input_length
+    if task.span_corruption and target_length is None:
+        target_length = span_corruption_lengths(input_length)[1]
+    target_length = task.target_length if target_length is None else target_length
+    if input_length < 2 or target_length < 2:
+        raise ValueError(f"input_length {input_length} and target_length {target_length} must be >= 2")
+    return input_length, target_length
+
+
+def _check_vocab(vocab: Any) -> None:
+    if getattr(vocab, "sp_size", None) is None or not hasattr(vocab, "encode"):
+        raise ValueError(f"vocab must be a gqa_jax.data.vocab.Vocabulary, got {type(vocab).__name__}")
+
+
+def _open_source(task: tasks_lib.Task, split: str, data_dir: str | os.PathLike | None, source: Any) -> Any:
+    """``source``, or (None) the task's TFDS split; an error when it holds no examples."""
+    if source is None:
+        source = tasks_lib.open_split(task, split, data_dir)
+    if len(source) == 0:
+        raise ValueError(f"task {task.name} split {split} has no examples")
+    return source
+
+
+def _examples(
+    source: Any, shuffle: bool, repeat: bool, seed: int, process_index: int, process_count: int
+) -> grain.MapDataset:
+    """``(source index, example)`` pairs: shuffled, repeated, then this process's every P-th one."""
+    ds = grain.MapDataset.source(source)
+    ds = ds.map_with_index(lambda i, ex: (i, ex))  # keep the source index through the shuffle
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    if repeat:
+        ds = ds.repeat(None)
+    return ds[process_index::process_count]
+
+
+def _span_corrupted(
+    ds: grain.MapDataset,
+    task: tasks_lib.Task,
+    vocab: Any,
+    input_length: int,
+    target_length: int,
+    seed: int,
+    process_index: int,
+) -> grain.IterDataset:
+    """Each document's chunks, span-corrupted with a seed drawn from (seed, process, position)."""
+    chunk, derived_targets = span_corruption_lengths(input_length)
+    if target_length != derived_targets:
+        raise ValueError(
+            f"span corruption of {input_length} input tokens gives {derived_targets} target tokens "
+            f"(T5's derivation), not {target_length}: leave target_length unset"
+        )
+    corrupt_vocab = vocab.sp_size + vocab.extra_ids
+    eos = vocab.eos_id
+
+    def corrupt(index: int, tokens: np.ndarray) -> dict[str, np.ndarray]:
+        words = np.random.SeedSequence([seed, process_index, index]).generate_state(2)
+        example_seed = int(words[0]) << 32 | int(words[1])
+        inputs, targets = span_corrupt(tokens, vocab_size=corrupt_vocab, seed=example_seed, eos_id=eos)
+        return {"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32)}
+
+    it = grain.experimental.FlatMapIterDataset(ds.to_iter_dataset(), _Chunks(task, vocab, chunk))
+    return it.map_with_index(corrupt)
+
+
+def _packed_batches(
+    it: grain.IterDataset, input_length: int, target_length: int, bins: int, local_batch: int
+) -> grain.IterDataset:
+    """Examples packed first fit into ``bins`` rows at a time, then full batches of rows."""
+    it = grain.experimental.FirstFitPackIterDataset(
+        it.map(lambda ex: {"inputs": ex["inputs"], "targets": ex["targets"]}),
+        length_struct={"inputs": input_length, "targets": target_length},
+        num_packing_bins=bins,
+        shuffle_bins=False,
+    )
+    return it.map(_finish_packed).batch(local_batch, drop_remainder=True)
+
+
+def _padded_batches(
+    it: grain.IterDataset, input_length: int, target_length: int, local_batch: int, repeat: bool
+) -> grain.IterDataset:
+    """One example per zero-padded row; an unrepeated pass keeps each row's source index and pads
+    its last, short batch with zero rows."""
+    keep_index = not repeat
+
+    def finish(ex: Mapping[str, np.ndarray]) -> Batch:
+        ex = ex if keep_index else {k: v for k, v in ex.items() if k != "index"}
+        return _finish_padded(ex, input_length, target_length)
+
+    it = it.map(finish).batch(local_batch, drop_remainder=repeat)
+    if not repeat:
+        it = it.map(lambda b: _pad_batch(b, local_batch))
+    return it

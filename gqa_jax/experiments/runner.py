@@ -15,12 +15,13 @@ kills the runs it is waiting for (a child gets SIGKILL when its parent dies, on 
 With ``jobs > 1`` a run starts as soon as its dependencies are done, in the sweep's order; a
 ``time`` run never shares the machine (nothing else runs while it does). Local runs share JAX's
 persistent compilation cache in ``ROOT/jax_cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so
-a run that compiles what an earlier one did starts sooner (docs/experiments.md, "The runner").
+a run that compiles what an earlier one did starts sooner (docs/experiments.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import json
 import os
@@ -78,18 +79,6 @@ def _portable(argv: Sequence[str], root: str | None) -> list[str]:
     return [a.replace(f"{root}/", "ROOT/") for a in argv] if root else argv
 
 
-def _recorded_root(record: Mapping[str, Any], name: str) -> str | None:
-    """The root a run was made under: its run.json's ``root``, or (older records) the folder of
-    the run's own directory in its command (``--workdir ROOT/<name>``, ``--dst ROOT/<name>/model``)."""
-    if isinstance(record.get("root"), str):
-        return record["root"]
-    for a in map(str, record.get("command", [])):
-        for tail in (f"/{name}", f"/{name}/model"):
-            if a.endswith(tail) and len(a) > len(tail):
-                return a[: -len(tail)]
-    return None
-
-
 def _difference(old: Sequence[str], new: Sequence[str]) -> str:
     """What changed between two argvs, in words (the arguments only one of them has)."""
     gone, added = [a for a in old if a not in new], [a for a in new if a not in old]
@@ -115,7 +104,7 @@ def changed_runs(runs: Sequence[Run], root: Path) -> dict[str, str]:
             record = {}
         recorded, now = record.get("command"), _portable(command(r, root), str(root))
         if state == "done" and isinstance(recorded, list):
-            before = _portable(recorded, _recorded_root(record, r.name))
+            before = _portable(recorded, record.get("root"))
             if before != now:
                 changed[r.name] = _difference(before, now)
                 continue
@@ -257,112 +246,190 @@ def run_sweep(
     done, in the sweep's order). A ``time`` run always runs alone: nothing starts beside it, and
     it starts when nothing else runs, so its clock measures decoding only (a predicted one,
     ``time --predict``, runs nothing and is not held apart)."""
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs={jobs!r} must be a positive integer")
-    if launcher == "tpu" and jobs != 1:
-        raise ValueError("--jobs applies to the local launcher: on a TPU pod each run takes every worker")
+    _check_launch(launcher, jobs)
     root = paths.local(root, "sweep root", "a sweep keeps its runs' status and logs on this machine's disk")
     if root.exists() and not root.is_dir():
         raise ValueError(f"--root {root} is a file, not a directory")
     runs = order(sweep, only)
     changed = changed_runs(runs, root)
     if dry_run:
-        for r in runs:
-            notes = ["done"] if status(root, r.name) == "done" else []
-            notes += [f"changed ({changed[r.name]})"] if r.name in changed else []
-            mark = "  # " + ", ".join(notes) if notes else ""
-            out(shlex.join(full_command(r, root, launcher, tpu)) + mark)
+        _print_commands(runs, root, changed, launcher, tpu, out)
         return 0
     if changed and not redo_changed:
         _refuse_changed(changed, root)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for name, why in changed.items():  # --redo-changed: set aside, never delete
-        aside = root / f"{name}.changed-{stamp}"
-        (root / name).rename(aside)
-        log(f"{name}: made with another command ({why}); moved to {aside} to run again")
-    env = child_env(root, launcher)
-    failed: dict[str, str] = {}  # run -> the failed run that stops it
-    done = {r.name for r in runs if status(root, r.name) == "done"}
-    stage_seconds: dict[str, list[float]] = {}  # the done runs' times (those done before too), by stage
-    for r in runs:
-        took = recorded_seconds(root, r.name) if r.name in done else None
-        if took is not None:
-            stage_seconds.setdefault(r.stage, []).append(took)
-    pending = list(enumerate(runs, 1))
-    running: dict[str, tuple[Run, str, subprocess.Popen, Any, float, str, list[str]]] = {}
-
-    def start(i: int, r: Run) -> None:
-        head = f"[{i}/{len(runs)}] {r.name} ({r.stage})"
-        argv = full_command(r, root, launcher, tpu)
-        (root / r.name).mkdir(parents=True, exist_ok=True)
-        log_path = root / r.name / LOG_FILE
-        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        _write_status(root, r, argv, "running", started=started)
-        log(f"{head}: running ... (log {log_path})")
-        f = open(log_path, "a")
-        f.write(f"\n$ {shlex.join(argv)}\n")
-        f.flush()
-        proc = _popen(argv, f, env)
-        running[r.name] = (r, head, proc, f, time.time(), started, argv)
-
-    def finish(name: str, rc: int) -> None:
-        r, head, _, f, t0, started, argv = running.pop(name)
-        f.close()
-        took = time.time() - t0
-        if rc == 0:
-            stage_seconds.setdefault(r.stage, []).append(took)
-            done.add(r.name)
-            finished = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            _write_status(root, r, argv, "done", started=started, seconds=took, finished=finished)
-            now = time.time()
-            left = [(x, 0.0) for _, x in pending if x.name not in done]
-            left += [(x[0], now - x[4]) for x in running.values()]
-            log(f"{head}: done in {took:.0f} s; {stage_progress(runs, done)}{eta(stage_seconds, left, jobs)}")
-        else:
-            failed[r.name] = r.name
-            log_path = root / r.name / LOG_FILE
-            _write_status(root, r, argv, "failed", started=started, seconds=took, returncode=rc,
-                          log=str(log_path))  # fmt: skip
-            log(f"{head}: FAILED (exit {rc}) after {took:.0f} s")
-            log(f"  command: {shlex.join(argv)}\n  log: {log_path}")
-
-    while pending or running:
-        # Start what may start, in the sweep's order: skip done runs, stop blocked branches.
-        for i, r in list(pending):
-            if len(running) >= jobs or any(exclusive(x) for x, *_ in running.values()):
-                break
-            head = f"[{i}/{len(runs)}] {r.name} ({r.stage})"
-            if r.name in done:
-                pending.remove((i, r))
-                log(f"{head}: done before, skipped")
-                continue
-            blocked = [failed[d] for d in r.deps if d in failed]
-            if blocked:
-                pending.remove((i, r))
-                failed[r.name] = blocked[0]
-                log(f"{head}: not run, its dependency {blocked[0]} failed")
-                continue
-            waiting = [d for d in r.deps if d in {x.name for _, x in pending} | set(running)]
-            if waiting or (exclusive(r) and running):
-                if jobs == 1 or exclusive(r):
-                    break  # keep the order: a time run waits for the runs before it
-                continue
-            pending.remove((i, r))
-            start(i, r)
-        if not running:
-            continue
-        while True:  # wait for a run to end
-            ended = [(n, x[2].poll()) for n, x in running.items() if x[2].poll() is not None]
-            if ended:
-                for n, rc in ended:
-                    finish(n, rc)
-                break
-            time.sleep(0.1)
-    if failed:
-        roots = sorted(set(failed.values()))
-        log(f"sweep {sweep.name}: {len(failed)} run(s) not done because of {', '.join(roots)}; fix and rerun")
+    _set_aside(changed, root, log)
+    scheduler = _Scheduler(runs, root, launcher, tpu, jobs, log)
+    scheduler.run()
+    if scheduler.failed:
+        roots = sorted(set(scheduler.failed.values()))
+        log(
+            f"sweep {sweep.name}: {len(scheduler.failed)} run(s) not done because of {', '.join(roots)}; "
+            "fix and rerun"
+        )
         return 1
     log(f"sweep {sweep.name}: every selected run is done ({len(runs)})")
     return 0
+
+
+def _check_launch(launcher: str, jobs: int) -> None:
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; choose from {', '.join(LAUNCHERS)}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r} must be a positive integer")
+    if launcher == "tpu" and jobs != 1:
+        raise ValueError("--jobs applies to the local launcher: on a TPU pod each run takes every worker")
+
+
+def _print_commands(
+    runs: Sequence[Run],
+    root: Path,
+    changed: Mapping[str, str],
+    launcher: str,
+    tpu: Sequence[str],
+    out: Callable[[str], None],
+) -> None:
+    """The dry run: each run's command, marked ``# done`` and ``changed (why)`` where it is."""
+    for r in runs:
+        notes = ["done"] if status(root, r.name) == "done" else []
+        notes += [f"changed ({changed[r.name]})"] if r.name in changed else []
+        mark = "  # " + ", ".join(notes) if notes else ""
+        out(shlex.join(full_command(r, root, launcher, tpu)) + mark)
+
+
+def _set_aside(changed: Mapping[str, str], root: Path, log: Callable[[str], None]) -> None:
+    """``--redo-changed``: each changed run's directory moved to ``<name>.changed-<time>``, never
+    deleted, so that the run starts again."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for name, why in changed.items():
+        aside = root / f"{name}.changed-{stamp}"
+        (root / name).rename(aside)
+        log(f"{name}: made with another command ({why}); moved to {aside} to run again")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclasses.dataclass
+class _Child:
+    """A run the runner started and has not seen end."""
+
+    run: Run
+    head: str  # "[i/n] name (stage)": the run in the runner's log lines
+    argv: list[str]
+    proc: subprocess.Popen
+    log_file: Any  # ROOT/<name>/log.txt, open for the child's output
+    t0: float  # time.time() when it started
+    started: str  # the same, as run.json records it
+
+
+class _Scheduler:
+    """Starts ``runs`` in the sweep's order as their dependencies are done (at most ``jobs`` at
+    once; a timed run alone), polls them, and records each one's end in its run.json and the log."""
+
+    def __init__(
+        self,
+        runs: Sequence[Run],
+        root: Path,
+        launcher: str,
+        tpu: Sequence[str],
+        jobs: int,
+        log: Callable[[str], None],
+    ):
+        self.runs, self.root, self.jobs, self.log = runs, root, jobs, log
+        self.launcher, self.tpu = launcher, tpu
+        self.env = child_env(root, launcher)
+        self.failed: dict[str, str] = {}  # run -> the failed run that stops it
+        self.done = {r.name for r in runs if status(root, r.name) == "done"}
+        self.stage_seconds: dict[str, list[float]] = {}  # the done runs' times (those done before too)
+        for r in runs:
+            took = recorded_seconds(root, r.name) if r.name in self.done else None
+            if took is not None:
+                self.stage_seconds.setdefault(r.stage, []).append(took)
+        self.pending = list(enumerate(runs, 1))  # (its number in the sweep, run), in the sweep's order
+        self.running: dict[str, _Child] = {}
+
+    def run(self) -> None:
+        """Until every run has ended, been skipped or been blocked by a failure."""
+        while self.pending or self.running:
+            self._start_what_may()
+            if self.running:
+                self._wait()
+
+    def _head(self, i: int, r: Run) -> str:
+        return f"[{i}/{len(self.runs)}] {r.name} ({r.stage})"
+
+    def _start_what_may(self) -> None:
+        """Start what may start, in the sweep's order: skip done runs, stop blocked branches."""
+        for i, r in list(self.pending):
+            if len(self.running) >= self.jobs or any(exclusive(c.run) for c in self.running.values()):
+                break
+            if r.name in self.done:
+                self.pending.remove((i, r))
+                self.log(f"{self._head(i, r)}: done before, skipped")
+                continue
+            blocked = [self.failed[d] for d in r.deps if d in self.failed]
+            if blocked:
+                self.pending.remove((i, r))
+                self.failed[r.name] = blocked[0]
+                self.log(f"{self._head(i, r)}: not run, its dependency {blocked[0]} failed")
+                continue
+            unfinished = {x.name for _, x in self.pending} | set(self.running)
+            if any(d in unfinished for d in r.deps) or (exclusive(r) and self.running):
+                if self.jobs == 1 or exclusive(r):
+                    break  # keep the order: a time run waits for the runs before it
+                continue
+            self.pending.remove((i, r))
+            self._start(i, r)
+
+    def _start(self, i: int, r: Run) -> None:
+        argv = full_command(r, self.root, self.launcher, self.tpu)
+        (self.root / r.name).mkdir(parents=True, exist_ok=True)
+        log_path = self.root / r.name / LOG_FILE
+        started = _now()
+        _write_status(self.root, r, argv, "running", started=started)
+        self.log(f"{self._head(i, r)}: running ... (log {log_path})")
+        f = open(log_path, "a")
+        f.write(f"\n$ {shlex.join(argv)}\n")
+        f.flush()
+        proc = _popen(argv, f, self.env)
+        self.running[r.name] = _Child(r, self._head(i, r), argv, proc, f, time.time(), started)
+
+    def _wait(self) -> None:
+        """Wait until a running run ends, and finish every run that has."""
+        while True:
+            codes = {name: child.proc.poll() for name, child in self.running.items()}
+            ended = {name: rc for name, rc in codes.items() if rc is not None}
+            if ended:
+                for name, rc in ended.items():
+                    self._finish(self.running.pop(name), rc)
+                return
+            time.sleep(0.1)
+
+    def _finish(self, child: _Child, rc: int) -> None:
+        child.log_file.close()
+        took = time.time() - child.t0
+        if rc == 0:
+            self._record_done(child, took)
+        else:
+            self._record_failed(child, took, rc)
+
+    def _record_done(self, child: _Child, took: float) -> None:
+        r = child.run
+        self.stage_seconds.setdefault(r.stage, []).append(took)
+        self.done.add(r.name)
+        _write_status(self.root, r, child.argv, "done", started=child.started, seconds=took, finished=_now())
+        now = time.time()
+        left = [(x, 0.0) for _, x in self.pending if x.name not in self.done]
+        left += [(c.run, now - c.t0) for c in self.running.values()]
+        progress = stage_progress(self.runs, self.done) + eta(self.stage_seconds, left, self.jobs)
+        self.log(f"{child.head}: done in {took:.0f} s; {progress}")
+
+    def _record_failed(self, child: _Child, took: float, rc: int) -> None:
+        r = child.run
+        self.failed[r.name] = r.name
+        log_path = self.root / r.name / LOG_FILE
+        _write_status(self.root, r, child.argv, "failed", started=child.started, seconds=took, returncode=rc,
+                      log=str(log_path))  # fmt: skip
+        self.log(f"{child.head}: FAILED (exit {rc}) after {took:.0f} s")
+        self.log(f"  command: {shlex.join(child.argv)}\n  log: {log_path}")

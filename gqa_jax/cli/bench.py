@@ -102,7 +102,7 @@ def _add_decode_args(sub: Any) -> None:
 
 
 def _run_decode(args: argparse.Namespace) -> int:
-    from gqa_jax.tools import bench_decode
+    from gqa_jax.tools import bench_decode, bench_decode_report
 
     res = bench_decode.run_decode_bench(
         preset_name=args.preset,
@@ -120,7 +120,7 @@ def _run_decode(args: argparse.Namespace) -> int:
         cache_dtype=args.cache_dtype,
         seed=args.seed,
     )
-    print(bench_decode.report(res), flush=True)
+    print(bench_decode_report.report(res), flush=True)
     options.write_json(res, args.json)
     return 0
 

@@ -14,8 +14,8 @@ import numpy as np
 GIB = 2**30
 
 # XLA options on the CPU backend only.
-# - LLVM optimizations off: the plan never runs the executables (faster compiles, the same buffer
-#   sizes: docs/sharding.md, "Memory plan").
+# - LLVM optimizations off: the plan never runs the executables, and LLVM optimizes the generated
+#   code after XLA has assigned the buffers (faster compiles, the same buffer sizes).
 # - No while-loop invariant code motion: XLA:CPU has no bfloat16 matmul, so it computes every
 #   bfloat16 dot in float32, and this pass then hoists the float32 conversions of loop-invariant
 #   operands out of the decode loop: a float32 copy of every decoder weight and of the whole
@@ -91,9 +91,8 @@ def argument_bytes(compiled: Any, args: Any) -> dict[str, int]:
 def cost(compiled: Any) -> dict[str, float]:
     """The executable's own count of one device's work, from ``cost_analysis()``: flops and bytes
     accessed (0 where the backend reports none). XLA counts a while loop's body once, whatever its
-    trip count (measured on the TPU compiler: a decode loop of 16 and of 64 steps, 9.24 and 9.28
-    MFLOP), so a program with a loop (the decode loop, scanned layers, micro-batches) counts one
-    pass of it."""
+    trip count (docs/sharding.md), so a program with a loop (the decode loop, scanned layers,
+    micro-batches) counts one pass of it."""
     analysis = compiled.cost_analysis() or {}
     if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
         analysis = analysis[0] if analysis else {}
@@ -109,8 +108,9 @@ _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 def over_hbm(err: BaseException) -> dict[str, Any] | None:
     """The TPU compiler's refusal of a program whose temporaries exceed the chip's HBM ("Ran out of
-    memory on HBM, the total memory required for HLO temporaries (235.71G) exceeds available HBM
-    (30.75G)"): the bytes it names and its message; None for any other error."""
+    memory on HBM, the total memory required for HLO temporaries (<size>) exceeds available HBM
+    (<size>)", each size a number and a K / M / G / T suffix): the bytes it names and its message;
+    None for any other error."""
     found = _OVER_HBM.search(str(err))
     if found is None:
         return None

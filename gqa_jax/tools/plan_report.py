@@ -35,18 +35,21 @@ def _slice(res: dict[str, Any]) -> str:
 
 def report(res: dict[str, Any]) -> str:
     """Markdown: the per-device table, the largest batches, the K/V-head layout, the checks."""
-    s, cfg, progs = res["settings"], res["config"], res["programs"]
+    unit, scale = _unit(max(r["memory"]["total"] for r in res["programs"].values()))
+    sections = [_header(res, unit), _per_device(res, scale), _largest_batches(res), _layout(res)]
+    sections += [_checks(res), _compiled(res)]
+    return "\n\n".join("\n".join(lines) for lines in sections if lines)
+
+
+def _header(res: dict[str, Any], unit: str) -> list[str]:
+    """The title and what the per-device table holds: the dtypes, the options, the backend."""
+    s, cfg = res["settings"], res["config"]
     N, K = cfg["num_heads"], cfg["num_kv_heads"]
-    unit, scale = _unit(max(r["memory"]["total"] for r in progs.values()))
-
-    def u(n: float) -> str:
-        return f"{n / scale:.2f}"
-
     micro = f", {s['num_microbatches']} micro-batches" if s["num_microbatches"] > 1 else ""
     micro += f", remat {s['remat']}" if s.get("remat", "none") != "none" else ""
     micro += ", FSDP (also split over data)" if s.get("fsdp") else ""
     micro += ", layers scanned" if s.get("scan_layers") else ""
-    lines = [
+    return [
         f"# Memory plan: {s['preset']} {attention_name(K, N)} (K = {K}, N = {N}), mesh {s['mesh']} "
         f"(data {res['mesh']['data']} x model {res['mesh']['model']}), batch {s['batch']}, "
         f"input {s['input_len']}, output {s['output_len']}",
@@ -61,13 +64,20 @@ def report(res: dict[str, Any]) -> str:
         )
         + f". Compiled ahead of time for the {res['backend']} backend "
         f"({res['device_kind']}{_slice(res)}); fits = total <= {res['hbm_gib']:g} GiB.",
-        "",
     ]
+
+
+def _per_device(res: dict[str, Any], scale: int) -> list[str]:
+    """Per program: the bytes of each part, the total, whether it fits (or the compiler's refusal)."""
+    progs = res["programs"]
+
+    def u(n: float) -> str:
+        return f"{n / scale:.2f}"
 
     def cache(kind: str) -> Callable[[str], str]:
         return lambda p: u(progs[p][kind]["total"]) if p == "decode" else "-"
 
-    lines += md_table(
+    lines = md_table(
         [
             ("program", _label),
             ("batch", lambda p: str(progs[p]["batch"])),
@@ -89,93 +99,104 @@ def report(res: dict[str, Any]) -> str:
             f'The TPU compiler refused the {_label(p)} at batch {progs[p]["batch"]}: "{progs[p]["refused"]}" '
             "Its temporaries are the ones it names, its total the arguments plus those (a lower bound).",
         ]
-    lines += [
+    return lines + [
         "",
         "total = argument (params + optimizer state + inputs) + output - aliased (the donated train state) "
         "+ temporaries + generated code, from `compiled.memory_analysis()` of one device. The KV cache "
         "is part of the decode loop's outputs (its final state), so the columns do not add up to the total.",
     ]
-    searched = {p: r["largest_batch"] for p, r in progs.items() if "largest_batch" in r}
-    if searched:
-        lines += [
-            "",
-            f"## Largest batch that fits {res['hbm_gib']:g} GiB per device",
-            "",
-        ]
 
-        def totals(p: str) -> dict[int, int]:
-            return {int(k): v for k, v in searched[p]["compiled_totals"].items()}
 
-        def its_total(p: str) -> str:
-            b = searched[p]["largest_batch"]
-            return human_bytes(totals(p)[b]) if b in totals(p) else "-"
+def _largest_batches(res: dict[str, Any]) -> list[str]:
+    """Per program searched: the largest batch that fits, the totals either side, the line fitted
+    (empty when no program was searched)."""
+    searched = {p: r["largest_batch"] for p, r in res["programs"].items() if "largest_batch" in r}
+    if not searched:
+        return []
 
-        def next_total(p: str) -> str:
-            b, step = searched[p]["largest_batch"], searched[p]["step"]
-            nxt = b + step if b else step
-            return f"{nxt}: {human_bytes(totals(p)[nxt])}" if nxt in totals(p) else "-"
+    def totals(p: str) -> dict[int, int]:
+        return {int(k): v for k, v in searched[p]["compiled_totals"].items()}
 
-        def line(p: str) -> str:
-            sr = searched[p]
-            return (
-                f"{human_bytes(max(0, round(sr['fixed_bytes'])))} + {human_bytes(round(sr['per_row_bytes']))}"
-            )
+    def its_total(p: str) -> str:
+        b = searched[p]["largest_batch"]
+        return human_bytes(totals(p)[b]) if b in totals(p) else "-"
 
-        lines += md_table(
-            [
-                ("program", _label),
-                ("largest batch", lambda p: str(searched[p]["largest_batch"] or "none")),
-                ("its total", its_total),
-                ("next batch: total", next_total),
-                ("line: fixed + per row", line),
-                ("how", lambda p: searched[p]["how"]),
-            ],
-            list(searched),
-        )
-        if "train" in searched and searched["train"]["largest_batch"] < s["batch"]:
-            lines += [
-                "",
-                "The train step does not fit at the requested batch: `--num-microbatches M` accumulates "
-                "gradients over M slices of the batch (the same update), so only one slice's activations "
-                "are live; params, optimizer state and gradients stay.",
-            ]
-    lines += ["", "## K/V heads on the mesh", ""]
-    lines.append(f"- parameters: {res['replication']['params_report']}".replace("\n", "\n- parameters: "))
-    if "decode" in progs:
-        d = progs["decode"]
-        for kind in ("self", "cross"):
-            lay = d["cache_layout"][kind]
-            lines.append(
-                f"- KV cache {kind}: {human_bytes(lay['total_bytes'])} in all, spec {lay['spec']}, "
-                f"{lay['shards']} shard(s): {human_bytes(d['cache_formula'][kind])} per device by the "
-                "formula; "
-                f"compiled: spec {d['cache_compiled_specs'][kind]}, {human_bytes(d['cache_compiled'][kind])}"
-            )
-        lines.append(
-            f"- KV cache: {d['cache_report'] or 'no replication (the decode layout, docs/sharding.md)'}"
-        )
-        if d.get("prefill_rows"):
-            lines.append(
-                f"- prefill: the encoder takes {d['prefill_rows']} rows at a time, "
-                f"{d['batch'] // d['prefill_rows']} chunks (the TPU compiler's limit on its attention "
-                "logits, decode_inputs.MAX_ENCODER_LOGITS)"
-            )
-    lines += ["", "## Checks (bytes per device)", ""]
+    def next_total(p: str) -> str:
+        b, step = searched[p]["largest_batch"], searched[p]["step"]
+        nxt = b + step if b else step
+        return f"{nxt}: {human_bytes(totals(p)[nxt])}" if nxt in totals(p) else "-"
+
+    def line(p: str) -> str:
+        sr = searched[p]
+        return f"{human_bytes(max(0, round(sr['fixed_bytes'])))} + {human_bytes(round(sr['per_row_bytes']))}"
+
+    lines = [f"## Largest batch that fits {res['hbm_gib']:g} GiB per device", ""]
     lines += md_table(
         [
-            ("program", lambda c: c["program"]),
-            ("check", lambda c: c["what"]),
-            ("expected", lambda c: f"{c['expected']:,}"),
-            ("compiled", lambda c: f"{c['compiled']:,}"),
-            ("ok", lambda c: "yes" if c["ok"] else "NO"),
+            ("program", _label),
+            ("largest batch", lambda p: str(searched[p]["largest_batch"] or "none")),
+            ("its total", its_total),
+            ("next batch: total", next_total),
+            ("line: fixed + per row", line),
+            ("how", lambda p: searched[p]["how"]),
         ],
-        res["checks"],
+        list(searched),
     )
-    compiles = [(p, c) for p, r in progs.items() for c in r["compiles"]]
-    lines += [
+    if "train" in searched and searched["train"]["largest_batch"] < res["settings"]["batch"]:
+        lines += [
+            "",
+            "The train step does not fit at the requested batch: `--num-microbatches M` accumulates "
+            "gradients over M slices of the batch (the same update), so only one slice's activations "
+            "are live; params, optimizer state and gradients stay.",
+        ]
+    return lines
+
+
+def _layout(res: dict[str, Any]) -> list[str]:
+    """How the parameters and the KV cache lie on the mesh (replicated or split)."""
+    lines = ["## K/V heads on the mesh", ""]
+    lines.append(f"- parameters: {res['replication']['params_report']}".replace("\n", "\n- parameters: "))
+    if "decode" not in res["programs"]:
+        return lines
+    d = res["programs"]["decode"]
+    for kind in ("self", "cross"):
+        lay = d["cache_layout"][kind]
+        lines.append(
+            f"- KV cache {kind}: {human_bytes(lay['total_bytes'])} in all, spec {lay['spec']}, "
+            f"{lay['shards']} shard(s): {human_bytes(d['cache_formula'][kind])} per device by the "
+            "formula; "
+            f"compiled: spec {d['cache_compiled_specs'][kind]}, {human_bytes(d['cache_compiled'][kind])}"
+        )
+    lines.append(f"- KV cache: {d['cache_report'] or 'no replication (the decode layout, docs/sharding.md)'}")
+    if d.get("prefill_rows"):
+        lines.append(
+            f"- prefill: the encoder takes {d['prefill_rows']} rows at a time, "
+            f"{d['batch'] // d['prefill_rows']} chunks (the TPU compiler's limit on its attention "
+            "logits, decode_inputs.MAX_ENCODER_LOGITS)"
+        )
+    return lines
+
+
+def _checks(res: dict[str, Any]) -> list[str]:
+    """Each check of compiled bytes against the expected (the shardings, the cache formula)."""
+    return [
+        "## Checks (bytes per device)",
         "",
-        "Compiled: "
-        + ", ".join(f"{p} at batch {c['batch']} ({c['compile_s']:.0f} s)" for p, c in compiles)
-        + f"; wall {res['wall_s']:.0f} s.",
+        *md_table(
+            [
+                ("program", lambda c: c["program"]),
+                ("check", lambda c: c["what"]),
+                ("expected", lambda c: f"{c['expected']:,}"),
+                ("compiled", lambda c: f"{c['compiled']:,}"),
+                ("ok", lambda c: "yes" if c["ok"] else "NO"),
+            ],
+            res["checks"],
+        ),
     ]
-    return "\n".join(lines)
+
+
+def _compiled(res: dict[str, Any]) -> list[str]:
+    """Each compile's program, batch and time, and the plan's wall time."""
+    compiles = [(p, c) for p, r in res["programs"].items() for c in r["compiles"]]
+    listed = ", ".join(f"{p} at batch {c['batch']} ({c['compile_s']:.0f} s)" for p, c in compiles)
+    return [f"Compiled: {listed}; wall {res['wall_s']:.0f} s."]

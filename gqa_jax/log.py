@@ -5,7 +5,11 @@ A leaf module (nothing from gqa_jax): every floor may use it.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -25,3 +29,22 @@ def log_once(key: Any, msg: str) -> None:
         return
     _LOGGED.add(key)
     log(msg)
+
+
+@contextlib.contextmanager
+def native_noise_off_the_terminal() -> Iterator[None]:
+    """What native code (libtpu's missing-TPU-environment warnings) writes straight to file
+    descriptor 2 inside the block: caught, and passed on after it only when stderr is not a terminal
+    (a run's log keeps it) or with ``GQA_JAX_DEBUG=1``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not os.isatty(2) or os.environ.get("GQA_JAX_DEBUG", "") not in ("", "0"):
+                caught.seek(0)
+                os.write(2, caught.read())

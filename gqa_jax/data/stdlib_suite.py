@@ -20,8 +20,10 @@ The files read and the extraction rules are in ``gqa_jax.data.stdlib_extract``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
+import io
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -182,10 +184,14 @@ def build_suite(
             log(f"{name}: present at {builder.data_dir}")
         else:
             log(f"{name}: building {builder.data_dir}")
-            builder.download_and_prepare(
-                file_format="array_record",
-                download_config=tfds.download.DownloadConfig(try_download_gcs=False),
-            )
+            # TFDS's own lines ("Downloading and preparing dataset Unknown size ...") and its
+            # progress bars say nothing about a local build: kept off the terminal
+            tfds.display_progress_bar(False)
+            with contextlib.redirect_stdout(io.StringIO()):
+                builder.download_and_prepare(
+                    file_format="array_record",
+                    download_config=tfds.download.DownloadConfig(try_download_gcs=False),
+                )
         counts[name] = {s: builder.info.splits[s].num_examples for s in SPLITS if s in builder.info.splits}
     return counts
 

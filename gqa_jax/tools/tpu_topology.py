@@ -4,9 +4,9 @@
 (``jax.experimental.topologies.get_topology_desc``): its devices can build a ``Mesh``, and
 ``jax.jit(f).lower(<ShapeDtypeStructs with NamedShardings on that mesh>).compile()`` then runs the
 TPU compiler and returns a TPU executable's ``memory_analysis()`` and ``cost_analysis()``, with no
-TPU attached. Nothing here runs a program. libtpu is optional (``requirements-tpu.txt``); it prints
+TPU attached. Nothing here runs a program. libtpu is optional (``requirements-tpu.txt``); it writes
 warnings about the missing TPU environment (``TPU_ACCELERATOR_TYPE``, ``TPU_WORKER_HOSTNAMES``) when
-it loads, and compiles anyway.
+it loads, kept off the terminal (``log.native_noise_off_the_terminal``), and compiles anyway.
 
 Names are libtpu's, ``GENERATION:AxBxC`` in chips: ``v4:2x2x2`` (8 chips, the paper's timing
 setup), ``v4:2x4x4`` (32), ``v4:4x4x4`` (64), ``v5e:2x4`` (8), ``v5p:2x2x1`` (4). A v4 chip has two
@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from gqa_jax.errors import RunError
+from gqa_jax.log import native_noise_off_the_terminal
 
 INSTALL = "pip install -r requirements-tpu.txt"
 
@@ -107,7 +108,8 @@ def slice_devices(name: str) -> TpuSlice:
     options = {"chip_config_name": "megacore"} if chip.generation in _MEGACORE else {}
     canonical = f"{chip.generation}:{'x'.join(map(str, shape))}"
     try:
-        topology = topologies.get_topology_desc(topology_name=canonical, platform="tpu", **options)
+        with native_noise_off_the_terminal():  # libtpu's warnings on load
+            topology = topologies.get_topology_desc(topology_name=canonical, platform="tpu", **options)
     except Exception as err:  # libtpu's own error, one line
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"libtpu does not know the TPU topology {name!r}: {first}") from None

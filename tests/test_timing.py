@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from gqa_jax import timing
+from gqa_jax.experiments.parts import records
+from gqa_jax.experiments.sweep import Run
 from gqa_jax.timing import TimingRecord
 
 WRITTEN = Path(__file__).resolve().parent / "timing_records"
@@ -140,3 +142,21 @@ def test_a_bad_record_is_one_error_naming_the_file_and_the_field(tmp_path):
     assert "not JSON" in bad(tmp_path, '{"batch": ')
     assert "field 'record' must be a JSON object, got []" in bad(tmp_path, "[]")
     assert timing.read(tmp_path / "none" / "timing.json") is None
+
+
+def test_the_report_reads_a_time_run_through_the_record_and_names_a_bad_one(tmp_path):
+    run = Run("time_x", "time", {}, (), {"model": "MQA"})
+    d = tmp_path / run.name
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({"status": "done"}))
+    (d / "timing.json").write_text(text("predicted.json"))
+    rec = records.read_run(tmp_path, run)
+    assert rec.timing == TimingRecord.from_dict(json.loads(text("predicted.json")))
+    assert rec.time == rec.timing.time_per_sample_s and rec.times == ()
+    assert rec.prefill_times == (rec.timing.prefill_per_sample_s,)
+    assert rec.floor_times == (rec.timing.read_once_floor(),) and rec.predicted is rec.timing.prediction
+    (d / "timing.json").write_text(json.dumps({**json.loads(text("measured.json")), "output_len": 0}))
+    with pytest.raises(ValueError, match=r"time_x/timing.json: field 'output_len' must be an integer >= 1"):
+        records.read_run(tmp_path, run)
+    (d / "timing.json").unlink()  # a done run without one (an evaluate run's): no time
+    assert records.read_run(tmp_path, run).timing is None

@@ -7,12 +7,14 @@ import statistics
 
 import jax
 import pytest
+from test_timing import MEASURED_KEYS
 
-from gqa_jax import checkpoints
+from gqa_jax import checkpoints, timing
 from gqa_jax import model as model_lib
 from gqa_jax.cli import options
 from gqa_jax.cli import time as time_cli
 from gqa_jax.config import preset
+from gqa_jax.timing import TimingRecord
 from gqa_jax.tools import decode_floor, plan
 from gqa_jax.tools import t_infer as td
 
@@ -37,8 +39,11 @@ def test_given_batch_writes_every_field_and_refuses_to_overwrite(tmp_path, capsy
     assert time_cli.run(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "per sample" in lines[0] and "timing.json" in lines[0]
-    record = json.loads((workdir / "timing.json").read_text())
-    assert tuple(record) == td.FIELDS + td.STEPS_FIELDS
+    text = (workdir / "timing.json").read_text()
+    record = json.loads(text)
+    assert tuple(record) == MEASURED_KEYS
+    typed = TimingRecord.from_dict(record)  # the record the command wrote reads back, and writes the same
+    assert json.dumps(typed.to_dict(), indent=1) + "\n" == text
     assert len(record["times_s"]) == 2 and all(t > 0 for t in record["times_s"])
     assert record["time_per_sample_s"] == pytest.approx(statistics.median(record["times_s"]) / 2)
     prefill = record["prefill_times_s"]  # the prefill alone, timed by the same rule
@@ -82,18 +87,19 @@ def test_a_checkpoint_timed_with_an_int8_cache_records_it(tmp_path):
 
 
 def test_batch_auto_takes_the_cap_when_it_fits(tmp_path):
-    record = td.time_decode(settings(tmp_path, batch="auto", hbm_gib=1.0))
+    record = td.measure_t_infer(settings(tmp_path, batch="auto", hbm_gib=1.0))
     cap = td.PER_DEVICE * jax.device_count()
-    assert record["batch"] == cap and record["batch_rule"] == td.RULE_AUTO
-    assert record["batch_rule"] == "largest that fits, <= 32 per device"
-    assert record["time_per_sample_s"] == pytest.approx(statistics.median(record["times_s"]) / cap)
+    assert record.batch == cap and record.batch_rule == td.RULE_AUTO
+    assert record.batch_rule == "largest that fits, <= 32 per device"
+    assert record.time_per_sample_s == pytest.approx(statistics.median(record.times_s) / cap)
+    assert timing.read(tmp_path / "timing.json") == record
 
 
 def test_batch_auto_searches_the_largest_batch_that_fits_below_the_cap(tmp_path):
     hbm = 0.0007  # tiny at 16 / 8, float32: ~0.29 MB at batch 1, ~1.06 MB at batch 32
-    record = td.time_decode(settings(tmp_path, batch="auto", hbm_gib=hbm))
-    batch = record["batch"]
-    assert 1 <= batch < td.PER_DEVICE * jax.device_count() and record["batch_rule"] == td.RULE_AUTO
+    record = td.measure_t_infer(settings(tmp_path, batch="auto", hbm_gib=hbm))
+    batch = record.batch
+    assert 1 <= batch < td.PER_DEVICE * jax.device_count() and record.batch_rule == td.RULE_AUTO
 
     def fits(b):
         s = plan.PlanSettings(
@@ -113,7 +119,7 @@ def test_a_checkpoint_is_timed_with_its_own_config(tmp_path):
     assert record["weights"] == str(ckpt) and record["preset"] == "tiny"
     assert (record["num_heads"], record["num_kv_heads"], record["batch_rule"]) == (4, 1, "given")
     with pytest.raises(ValueError, match="--num-kv-heads applies to --preset only"):
-        td.time_decode(settings(tmp_path / "u", preset=None, model=str(ckpt), num_kv_heads=2))
+        td.measure_t_infer(settings(tmp_path / "u", preset=None, model=str(ckpt), num_kv_heads=2))
 
 
 def test_a_checkpoint_of_no_preset_shape_names_no_preset():
@@ -142,7 +148,7 @@ def test_bad_input_is_one_error_naming_the_problem(tmp_path, kw, error, match):
     (tmp_path / "MODEL").mkdir()  # a directory that is not a checkpoint
     kw = {k: str(tmp_path / v) if k == "model" else v for k, v in kw.items()}
     with pytest.raises(error, match=match) as e:
-        td.time_decode(settings(tmp_path / "t", **kw))
+        td.measure_t_infer(settings(tmp_path / "t", **kw))
     assert "\n" not in str(e.value)
     assert not (tmp_path / "t").exists()  # nothing written, not even the directory
 
@@ -150,7 +156,7 @@ def test_bad_input_is_one_error_naming_the_problem(tmp_path, kw, error, match):
 def test_a_workdir_that_is_a_file_is_an_error(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match="is a file, not a directory"):
-        td.time_decode(settings(tmp_path / "f"))
+        td.measure_t_infer(settings(tmp_path / "f"))
 
 
 def test_the_batch_option_takes_a_number_or_auto(tmp_path):

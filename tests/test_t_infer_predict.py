@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
+from test_timing import PREDICTED_KEYS
 
 from gqa_jax import decode_inputs, decoding
 from gqa_jax import sharding as sharding_lib
@@ -21,9 +22,9 @@ from gqa_jax.cli import options
 from gqa_jax.cli import time as time_cli
 from gqa_jax.experiments import report
 from gqa_jax.experiments.parts import md as md_lib
-from gqa_jax.experiments.parts import records
 from gqa_jax.experiments.stats import Stat
 from gqa_jax.experiments.sweep import Run, Sweep
+from gqa_jax.timing import TimingRecord
 from gqa_jax.tools import compiled_memory, plan, tpu_topology
 from gqa_jax.tools import t_infer as td
 from gqa_jax.tools import t_infer_predict as tp
@@ -55,7 +56,8 @@ def predicted(tmp_path_factory):
 
 def test_the_record_is_the_roofline_of_the_tpu_executables(predicted):
     r, p = predicted, predicted["prediction"]
-    assert tuple(r)[: len(td.FIELDS)] == td.FIELDS and r["times_s"] == []  # nothing was run
+    assert tuple(r) == PREDICTED_KEYS and r["times_s"] == []  # nothing was run
+    assert TimingRecord.from_dict(r).to_dict() == r  # the record the command wrote reads back
     assert p["topology"] == TOPOLOGY and p["chips"] == 4 and p["chip"]["device_kind"] == "TPU v4"
     assert [m["mesh"] for m in p["meshes"]] == ["4x1", "2x2", "1x4"]  # every split (auto)
     chip = tpu_topology.CHIPS["v4"]
@@ -129,7 +131,7 @@ def test_a_batch_over_the_compilers_limit_is_costed_from_row_chunks(tmp_path, mo
     )  # fmt: skip
     assert plan.plan(planned)["programs"]["decode"]["prefill_rows"] == 8  # the loop as the TPU runs it
     row = tp.predict_mesh(m, s, tpu, limit=2**40, log=lambda _: None)
-    assert row["batch"] == 128 and row["fits"] and row["prefill"]["chunks"] == 16  # 2 of 32 rows per chip
+    assert row.batch == 128 and row.fits and row.prefill.chunks == 16  # 2 of 32 rows per chip
 
 
 def test_a_batch_search_when_the_cap_does_not_fit(tmp_path):
@@ -139,8 +141,8 @@ def test_a_batch_search_when_the_cap_does_not_fit(tmp_path):
     small, cap = tp.loop_memory(m, s, 4)["total"], tp.loop_memory(m, s, 128)["total"]
     limit = (small + cap) // 2
     row = tp.predict_mesh(m, s, tpu, limit, lambda _: None)
-    assert 4 <= row["batch"] < 128 and row["batch"] % 4 == 0 and row["fits"]
-    assert m.loops[row["batch"]]["total"] <= limit < m.loops[row["batch"] + 4]["total"]
+    assert 4 <= row.batch < 128 and row.batch % 4 == 0 and row.fits
+    assert m.loops[row.batch]["total"] <= limit < m.loops[row.batch + 4]["total"]
 
 
 def test_a_refused_loop_counts_the_temporaries_it_names_so_the_search_stays_short(tmp_path, monkeypatch):
@@ -199,7 +201,7 @@ def test_a_report_of_predictions_says_so_with_the_ratio_and_the_speed_ups(tmp_pa
     md = report.write_report(sweep, tmp_path)["report.md"].read_text()
     table = md.split("## Table 1")[1].split("\n## ")[0]
     assert f"PREDICTED for TPU {TOPOLOGY} (4 x TPU v4), not measured" in table
-    floor = records.read_once_floor(predicted)
+    floor = TimingRecord.from_dict(predicted).read_once_floor()
     assert (
         "| model | T_infer (s) PREDICTED | ours / paper | read-once floor (s) | of which prefill (s) |"
         in table
@@ -223,17 +225,17 @@ def test_the_read_once_floor_is_the_roofline_of_what_each_program_must_move(pred
         assert 0 < moved < row[program]["bytes_accessed"]  # XLA counts more than the minimum
         once.append(max(flops / chip.peak_bf16_flops, moved / chip.hbm_bytes_per_s))
     expected = (once[0] + 8 * once[1]) * 4 / predicted["batch"]
-    assert records.read_once_floor(predicted) == pytest.approx(expected)
-    assert 0 < records.read_once_floor(predicted) < predicted["time_per_sample_s"]
+    floor = TimingRecord.from_dict(predicted).read_once_floor()
+    assert floor == pytest.approx(expected) and 0 < floor < predicted["time_per_sample_s"]
     measured = {k: v for k, v in predicted.items() if k != "prediction"}
-    assert records.read_once_floor(measured) is None  # a measured time has no floor
+    assert TimingRecord.from_dict(measured).read_once_floor() is None  # a measured time has no floor
     chunked = copy.deepcopy(predicted)  # a prefill costed from 2 row chunks moves one chunk's bytes twice
     row = next(m for m in chunked["prediction"]["meshes"] if m["mesh"] == p["mesh"])
     row["prefill"]["chunks"], row["prefill"]["flops"] = 2, 0.0
     prefill_once = (
         2 * (row["prefill"]["memory"]["argument"] + row["prefill"]["memory"]["output"]) / chip.hbm_bytes_per_s
     )
-    assert records.read_once_floor(chunked) == pytest.approx(
+    assert TimingRecord.from_dict(chunked).read_once_floor() == pytest.approx(
         (prefill_once + 8 * once[1]) * 4 / predicted["batch"]
     )
 

@@ -11,6 +11,7 @@ import json
 import pytest
 from test_report import STEPS, as_older_timings, claim_rows, fake_root, mini_sweep, step_bytes
 from test_sanity_claims import TIME, TIME_STEPS
+from test_timing import WRITTEN
 
 from gqa_jax.experiments import report
 from gqa_jax.experiments.claims import MISSING, NOT_IN_SWEEP, NOT_TESTABLE, REPRODUCED, WITHIN_NOISE
@@ -89,19 +90,14 @@ def test_a_record_reads_the_decoder_steps_and_the_bytes_and_a_prediction_its_ste
     d = tmp_path / run.name
     d.mkdir()
     (d / "run.json").write_text(json.dumps({"status": "done"}))
-    timing = {"time_per_sample_s": 0.5, "times_s": [4.0], "batch": 8, "output_len": 16,
+    measured, predicted = (json.loads((WRITTEN / f).read_text()) for f in ("measured.json", "predicted.json"))
+    timing = {**measured, "time_per_sample_s": 0.5, "times_s": [4.0], "batch": 8, "output_len": 16,
               "steps_times_s": [3.2, 3.6], "step_bytes": step_bytes(0.5)}  # fmt: skip
     (d / "timing.json").write_text(json.dumps(timing))
     rec = records.read_run(tmp_path, run)
     assert rec.steps_times == (0.4, 0.45) and rec.step_bytes == 5e7
     assert rec.sample_bytes == 5e7 * 16 / 8 and rec.cache_share == pytest.approx(0.9)
-    predicted = {
-        "time_per_sample_s": 0.5,
-        "times_s": [],
-        "steps_per_sample_s": 0.3,
-        "batch": 8,
-        "prediction": {},
-    }
+    predicted |= {"time_per_sample_s": 0.5, "steps_per_sample_s": 0.3, "batch": 8}
     (d / "timing.json").write_text(json.dumps(predicted))
     rec = records.read_run(tmp_path, run)
     assert rec.steps_times == (0.3,) and rec.step_bytes is None and rec.sample_bytes is None

@@ -21,8 +21,9 @@ def batch_arg(text: str) -> int | str:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     from gqa_jax.config import PRESETS
+    from gqa_jax.timing import TIMING_FILE
     from gqa_jax.tools.plan import DEFAULT_HBM_GIB
-    from gqa_jax.tools.t_infer import DTYPES, TIMING_FILE
+    from gqa_jax.tools.t_infer import DTYPES
 
     p.add_argument("--workdir", required=True, help=f"run directory: gets {TIMING_FILE} (created if missing)")
     p.add_argument("--preset", default=None, choices=PRESETS, help="random weights of this model shape")
@@ -100,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if args.predict is not None:
         from gqa_jax.tools import t_infer_predict
 
-        record = t_infer_predict.predict_decode(settings, log=log)
+        record = t_infer_predict.predict_t_infer(settings, log=log)
         print(t_infer_predict.summary(record, args.workdir), flush=True)
         return 0
-    record = t_infer.time_decode(settings, log=log)
+    record = t_infer.measure_t_infer(settings, log=log)
     print(t_infer.summary(record, args.workdir), flush=True)
     return 0

@@ -1,6 +1,6 @@
-"""``python -m gqa_jax time``: time per sample of greedy decoding at one input and output length,
-as the paper measures it (T_infer: the largest batch that fits, up to 32 per chip), written to
-``DIR/timing.json`` for the experiments' report.
+"""``python -m gqa_jax time``: T_infer measured, the time per sample of greedy decoding at one input
+and output length as the paper measures it (the largest batch that fits, up to 32 per chip),
+written to ``DIR/timing.json`` (``gqa_jax.timing.TimingRecord``) for the experiments' report.
 
 - The model: a preset's random weights (``model.build(config, seed=)``) or a gqa_jax checkpoint
   (``checkpoints.load``), parameters and activations cast to ``dtype``; the KV cache in ``cache_dtype``
@@ -47,24 +47,16 @@ from gqa_jax import decoding, kv_quant, paths
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
+from gqa_jax.timing import TIMING_FILE, TimingRecord
 from gqa_jax.tools.bench_models import NEVER_EOS, random_ids
 from gqa_jax.tools.compiled_memory import GIB
 from gqa_jax.tools.decode_floor import step_bytes
 from gqa_jax.tools.measurement import machine_info, measure, to_json
 
-TIMING_FILE = "timing.json"
 DTYPES = ("bfloat16", "float32")
 PER_DEVICE = 32  # the paper's cap: up to 32 samples per chip
 RULE_GIVEN = "given"
 RULE_AUTO = f"largest that fits, <= {PER_DEVICE} per device"
-FIELDS = (
-    "time_per_sample_s", "times_s", "prefill_per_sample_s", "prefill_times_s", "steps_per_sample_s",
-    "batch", "batch_rule", "input_len", "output_len", "preset", "num_heads", "num_kv_heads", "dtype",
-    "cache_dtype", "weights", "machine",
-)  # fmt: skip
-# The measured record's, after FIELDS (older records and predictions have none: the report says so):
-# steps_times_s, the step loop's repeats (seconds per batch); step_bytes, the bytes model of one step.
-STEPS_FIELDS = ("steps_times_s", "step_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,50 +201,99 @@ def largest_batch(
 
 
 # ----------------------------------------------------------------------------- the timing
-def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Time greedy decoding as the module docstring says; write and return ``timing.json``'s record."""
+def measure_t_infer(settings: TimeSettings, log: Callable[[str], None] = lambda m: None) -> TimingRecord:
+    """Measure T_infer as the module docstring says; write and return ``timing.json``'s record."""
     s = settings
     check_settings(s)
     out = check_workdir(s.workdir, s.overwrite)
-    start = time.perf_counter()
-    if s.model is not None:
-        config, model = load_model(s.model, s.dtype)
-        preset_name, weights = matching_preset(config), str(Path(s.model).expanduser().absolute())
-        log(f"loaded {weights} in {time.perf_counter() - start:.1f} s")
-    else:
-        config, model, preset_name, weights = model_config(s), None, s.preset, "random"
-    if s.batch == "auto":
-        if preset_name is None:
-            raise ValueError(
-                f"--batch auto plans the memory of a preset's shapes, and {s.model} matches no preset "
-                f"({', '.join(PRESETS)}): give --batch N"
-            )
-        hbm = s.hbm_gib or device_hbm_gib()
-        if hbm is None:
-            from gqa_jax.tools.plan import DEFAULT_HBM_GIB
-
-            hbm = DEFAULT_HBM_GIB
-        batch, rule = largest_batch(preset_name, config, s, hbm, log), RULE_AUTO
-    else:
-        batch, rule = s.batch, RULE_GIVEN
+    config, model, preset_name, weights = _model(s, log)
+    batch, rule = _batch(s, config, preset_name, log)
     if model is None:
         model = model_lib.build(config, seed=s.seed)
     cache = kvcache.expected_cache_bytes(config, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype)
-    read = step_bytes(model, config, batch, cache)
+    reads = step_bytes(model, config, batch, cache)
     graphdef, params = nnx.split(model)
-    ids = random_ids(config.vocab_size, batch, s.input_len, s.seed)
+    params, ids, mesh = _placed(params, random_ids(config.vocab_size, batch, s.input_len, s.seed))
+    log(
+        f"timing greedy decoding: batch {batch}, input {s.input_len}, output {s.output_len}, "
+        f"{s.dtype}, KV cache {s.cache_dtype or s.dtype}, {s.runs} runs after one warm-up"
+    )
+    timing = time_greedy(graphdef, params, ids, s, mesh)
+    prefill_timing = time_prefill(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
+    steps_timing = time_steps(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
+    record = TimingRecord(
+        time_per_sample_s=timing["median_s"] / batch,
+        times_s=tuple(timing["times_s"]),
+        prefill_per_sample_s=prefill_timing["median_s"] / batch,
+        prefill_times_s=tuple(prefill_timing["times_s"]),
+        steps_per_sample_s=steps_timing["median_s"] / batch,
+        batch=batch,
+        batch_rule=rule,
+        input_len=s.input_len,
+        output_len=s.output_len,
+        preset=preset_name or "custom",
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        dtype=s.dtype,
+        cache_dtype=s.cache_dtype or s.dtype,
+        weights=weights,
+        machine=machine_info(),
+        steps_times_s=tuple(steps_timing["times_s"]),
+        step_bytes=reads,
+    )
+    write_record(record, out)
+    log(f"compile + first call {timing['first_s']:.2f} s (compile ~{timing['compile_s']:.2f} s, excluded)")
+    return record
+
+
+def _model(s: TimeSettings, log: Callable[[str], None]) -> tuple[ModelConfig, Any, str | None, str]:
+    """``(config, model, preset, weights)``: a checkpoint loaded (the preset whose shapes it has,
+    if any), or a preset's config whose random weights are built later (model None)."""
+    if s.model is None:
+        return model_config(s), None, s.preset, "random"
+    start = time.perf_counter()
+    config, model = load_model(s.model, s.dtype)
+    weights = str(Path(s.model).expanduser().absolute())
+    log(f"loaded {weights} in {time.perf_counter() - start:.1f} s")
+    return config, model, matching_preset(config), weights
+
+
+def _batch(
+    s: TimeSettings, config: ModelConfig, preset_name: str | None, log: Callable[[str], None]
+) -> tuple[int, str]:
+    """``(batch, its rule)``: the given one, or auto's (:func:`largest_batch` on the device's memory)."""
+    if s.batch != "auto":
+        return s.batch, RULE_GIVEN
+    if preset_name is None:
+        raise ValueError(
+            f"--batch auto plans the memory of a preset's shapes, and {s.model} matches no preset "
+            f"({', '.join(PRESETS)}): give --batch N"
+        )
+    hbm = s.hbm_gib or device_hbm_gib()
+    if hbm is None:
+        from gqa_jax.tools.plan import DEFAULT_HBM_GIB
+
+        hbm = DEFAULT_HBM_GIB
+    return largest_batch(preset_name, config, s, hbm, log), RULE_AUTO
+
+
+def _placed(params: Any, ids: Any) -> tuple[Any, Any, Any]:
+    """``(params, ids, mesh)`` on the devices before the clock starts, as ``greedy_decode`` would
+    place them: with several devices the rows split over a ``data`` mesh of all of them."""
     devices = jax.device_count()
     mesh = sharding_lib.make_mesh(f"{devices}x1") if devices > 1 else None
-    if mesh is not None:  # placed before the clock starts, as greedy_decode would place them
+    if mesh is not None:
         params = sharding_lib.shard_params(params, mesh)
         ids = jax.device_put(ids, sharding_lib.batch_sharding(mesh))
     else:
         ids = jax.device_put(ids)
     jax.block_until_ready((params, ids))
-    log(
-        f"timing greedy decoding: batch {batch}, input {s.input_len}, output {s.output_len}, "
-        f"{s.dtype}, KV cache {s.cache_dtype or s.dtype}, {s.runs} runs after one warm-up"
-    )
+    return params, ids, mesh
+
+
+def time_greedy(graphdef: Any, params: Any, ids: Any, s: TimeSettings, mesh: Any) -> dict[str, Any]:
+    """``measure``'s timing of the whole decode (``decoding.greedy_decode``, prefill included);
+    checks that every row decoded ``output_len`` tokens."""
 
     def decode() -> Any:
         return decoding.greedy_decode(
@@ -265,32 +306,7 @@ def time_decode(settings: TimeSettings, log: Callable[[str], None] = lambda m: N
         raise RuntimeError(
             f"greedy_decode emitted {lengths.tolist()} tokens per row, expected {s.output_len}"
         )
-    prefill_timing = time_prefill(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
-    steps_timing = time_steps(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
-    record = {
-        "time_per_sample_s": timing["median_s"] / batch,
-        "times_s": list(timing["times_s"]),
-        "prefill_per_sample_s": prefill_timing["median_s"] / batch,
-        "prefill_times_s": list(prefill_timing["times_s"]),
-        "steps_per_sample_s": steps_timing["median_s"] / batch,
-        "batch": batch,
-        "batch_rule": rule,
-        "input_len": s.input_len,
-        "output_len": s.output_len,
-        "preset": preset_name or "custom",
-        "num_heads": config.num_heads,
-        "num_kv_heads": config.num_kv_heads,
-        "dtype": s.dtype,
-        "cache_dtype": s.cache_dtype or s.dtype,
-        "weights": weights,
-        "machine": machine_info(),
-        "steps_times_s": list(steps_timing["times_s"]),
-        "step_bytes": read,
-    }
-    assert tuple(record) == FIELDS + STEPS_FIELDS
-    write_atomic(record, out)
-    log(f"compile + first call {timing['first_s']:.2f} s (compile ~{timing['compile_s']:.2f} s, excluded)")
-    return record
+    return timing
 
 
 def time_prefill(
@@ -325,23 +341,22 @@ def time_steps(
     return timing
 
 
-def write_atomic(record: dict[str, Any], path: Path) -> None:
-    """``record`` as JSON at ``path``: written to a temporary file beside it, then renamed."""
+def write_record(record: TimingRecord, path: Path) -> None:
+    """``record`` as JSON at ``path`` (``paths.write_text_atomic``), its directory created."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    paths.write_text_atomic(path, json.dumps(to_json(record), indent=1) + "\n")
+    paths.write_text_atomic(path, json.dumps(to_json(record.to_dict()), indent=1) + "\n")
 
 
-def summary(record: dict[str, Any], workdir: str | os.PathLike) -> str:
+def summary(record: TimingRecord, workdir: str | os.PathLike) -> str:
     """One line: what was timed, the time per sample, and where the record went."""
     r, path = record, Path(workdir).expanduser() / TIMING_FILE
-    median = r["time_per_sample_s"] * r["batch"]
+    median = r.time_per_sample_s * r.batch
     return (
-        f"time: {r['preset']} K={r['num_kv_heads']} of N={r['num_heads']}, weights {r['weights']}, "
-        f"{r['dtype']}"
-        + (f", KV cache {r['cache_dtype']}" if r.get("cache_dtype", r["dtype"]) != r["dtype"] else "")
-        + f", batch {r['batch']} ({r['batch_rule']}), input {r['input_len']}, "
-        f"output {r['output_len']}: {r['time_per_sample_s'] * 1e3:.3f} ms per sample "
-        f"(median {median:.4f} s of {len(r['times_s'])} runs / {r['batch']}; prefill "
-        f"{r['prefill_per_sample_s'] * 1e3:.3f} ms, decoder steps {r['steps_per_sample_s'] * 1e3:.3f} ms) "
+        f"time: {r.preset} K={r.num_kv_heads} of N={r.num_heads}, weights {r.weights}, {r.dtype}"
+        + (f", KV cache {r.cache_dtype}" if r.cache_dtype not in (None, r.dtype) else "")
+        + f", batch {r.batch} ({r.batch_rule}), input {r.input_len}, "
+        f"output {r.output_len}: {r.time_per_sample_s * 1e3:.3f} ms per sample "
+        f"(median {median:.4f} s of {len(r.times_s)} runs / {r.batch}; prefill "
+        f"{r.prefill_per_sample_s * 1e3:.3f} ms, decoder steps {r.steps_per_sample_s * 1e3:.3f} ms) "
         f"-> {path}"
     )

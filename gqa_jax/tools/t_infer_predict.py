@@ -18,7 +18,8 @@ Each program's ``cost_analysis()`` gives one device's flops and bytes accessed (
 program, ``compiled_memory.cost``); the roofline time of a program is
 ``max(flops / peak, bytes / bandwidth)`` with the chip's documented bf16 peak and HBM bandwidth
 (``tpu_topology.CHIPS``). A batch of ``B`` rows then takes ``prefill + T x step`` on every chip at
-once, and the time per sample per chip (the paper's unit) is that time x chips / ``B``.
+once, and the time per sample per chip (the paper's unit) is that time x chips / ``B``; both rules,
+and the record written to ``DIR/timing.json``, are ``gqa_jax.timing``'s.
 
 The batch: given, or ``auto``, the paper's rule: the largest multiple of the mesh's data axis, at
 most 32 per chip, whose whole decode loop (``plan``'s decode program on that mesh, what
@@ -53,6 +54,7 @@ from gqa_jax import decode_inputs, decoding, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import ModelConfig
+from gqa_jax.timing import TIMING_FILE, MeshRow, Prediction, Roofline, TimingRecord, per_sample_per_chip
 from gqa_jax.tools import plan, t_infer, tpu_topology
 from gqa_jax.tools.batch_search import search_batch
 from gqa_jax.tools.bench_models import NEVER_EOS
@@ -75,18 +77,6 @@ WEIGHTS = "none: compiled shapes only"
 def meshes(chips: int) -> list[str]:
     """Every ``DATAxMODEL`` split of ``chips`` devices, the most data-parallel first."""
     return [f"{chips // m}x{m}" for m in range(1, chips + 1) if chips % m == 0]
-
-
-def roofline(c: dict[str, float], chip: tpu_topology.Chip) -> dict[str, Any]:
-    """One device's program time: ``max(flops / peak, bytes / bandwidth)`` and which bound it is."""
-    compute, memory_s = c["flops"] / chip.peak_bf16_flops, c["bytes_accessed"] / chip.hbm_bytes_per_s
-    return {
-        **c,
-        "compute_s": compute,
-        "memory_s": memory_s,
-        "s": max(compute, memory_s),
-        "bound": "compute" if compute >= memory_s else "memory",
-    }
 
 
 # ----------------------------------------------------------------------------- the programs
@@ -228,52 +218,50 @@ def _largest_batch(
     return min(found["largest_batch"], cap), found["how"]
 
 
-def predict_mesh(
-    m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, limit: int, log
-) -> dict[str, Any]:
+def predict_mesh(m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, limit: int, log) -> MeshRow:
     """The prediction on one mesh: its batch, the two programs' rooflines and the time per sample."""
     cap = t_infer.PER_DEVICE * tpu.chips // m.data * m.data  # <= 32 per chip, rows split over data
     if s.batch == "auto":
         batch, how = _largest_batch(m, s, cap, tpu.chips, limit, log)
     elif s.batch % m.data:
-        return {"mesh": m.name, "batch": s.batch, "fits": False,
-                "why": f"batch {s.batch} does not split over the data axis {m.data}"}  # fmt: skip
+        why = f"batch {s.batch} does not split over the data axis {m.data}"
+        return MeshRow(mesh=m.name, batch=s.batch, fits=False, why=why)
     else:
         batch, how = s.batch, t_infer.RULE_GIVEN
     if not batch:
-        return {"mesh": m.name, "batch": 0, "fits": False, "why": f"no batch fits: {how}"}
+        return MeshRow(mesh=m.name, batch=0, fits=False, why=f"no batch fits: {how}")
     loop = loop_memory(m, s, batch)
     if "refused" in loop:
-        return {"mesh": m.name, "batch": batch, "fits": False, "why": loop["refused"]}
+        return MeshRow(mesh=m.name, batch=batch, fits=False, why=loop["refused"])
     programs = compile_programs(m, batch, s)
     layout, _ = kvcache.cache_layout(
         m.config, m.mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
     )
-    row: dict[str, Any] = {
-        "mesh": m.name, "batch": batch, "how": how, "loop_total_bytes": loop["total"],
-        "cache_specs": {kind: str(layout[kind]["spec"]) for kind in layout},  # the decode layout's
-    }  # fmt: skip
+    row = MeshRow(
+        mesh=m.name, batch=batch, how=how, loop_total_bytes=loop["total"],
+        cache_specs={kind: str(layout[kind]["spec"]) for kind in layout},  # the decode layout's
+        fits=loop["total"] <= limit,
+    )  # fmt: skip
     refused = [k for k in ("prefill", "step") if "refused" in programs[k]]
     if refused:
-        return {
-            **row,
-            "fits": False,
-            "why": f"the compiler refused the {refused[0]}: {programs[refused[0]]['refused']}",
-        }
-    prefill, step = (roofline(programs[k]["cost"], tpu.chip) for k in ("prefill", "step"))
-    wall = prefill["s"] + s.output_len * step["s"]
-    per_sample = wall * tpu.chips / batch
-    return {
-        **row,
-        "fits": loop["total"] <= limit,
-        "prefill": {**prefill, **{k: v for k, v in programs["prefill"].items() if k in _CHUNKED}},
-        "step": {**step, "memory": programs["step"]["memory"]},
-        "batch_s": wall,
-        "time_per_sample_s": per_sample,
-        "prefill_per_sample_s": prefill["s"] * tpu.chips / batch,
-        "compile_s": sum(p[k].get("compile_s", 0.0) for p in m.compiled.values() for k in ("prefill", "step"))
+        why = f"the compiler refused the {refused[0]}: {programs[refused[0]]['refused']}"
+        return dataclasses.replace(row, fits=False, why=why)
+    chip = dataclasses.asdict(tpu.chip)
+    prefill = Roofline.of(
+        programs["prefill"]["cost"], chip, **{k: v for k, v in programs["prefill"].items() if k in _CHUNKED}
+    )
+    step = Roofline.of(programs["step"]["cost"], chip, memory=programs["step"]["memory"])
+    wall = prefill.s + s.output_len * step.s
+    return dataclasses.replace(
+        row,
+        prefill=prefill,
+        step=step,
+        batch_s=wall,
+        time_per_sample_s=per_sample_per_chip(wall, tpu.chips, batch),
+        prefill_per_sample_s=per_sample_per_chip(prefill.s, tpu.chips, batch),
+        compile_s=sum(p[k].get("compile_s", 0.0) for p in m.compiled.values() for k in ("prefill", "step"))
         + sum(x["compile_s"] for x in m.loops.values()),
-    }
+    )
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -298,7 +286,7 @@ def check_settings(s: t_infer.TimeSettings) -> tpu_topology.TpuSlice:
     return tpu
 
 
-def predict_decode(s: t_infer.TimeSettings, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def predict_t_infer(s: t_infer.TimeSettings, log: Callable[[str], None] = lambda m: None) -> TimingRecord:
     """Predict T_infer as the module docstring says; write and return ``timing.json``'s record."""
     tpu = check_settings(s)
     out = t_infer.check_workdir(s.workdir, s.overwrite)
@@ -316,62 +304,65 @@ def predict_decode(s: t_infer.TimeSettings, log: Callable[[str], None] = lambda 
     for name in names:
         row = predict_mesh(_setup(config, tpu, name), s, tpu, limit, log)
         rows.append(row)
-        if "time_per_sample_s" in row:
-            log(f"  mesh {name}: batch {row['batch']}, {row['time_per_sample_s']:.4g} s per sample per chip")
+        if row.time_per_sample_s is not None:
+            log(f"  mesh {name}: batch {row.batch}, {row.time_per_sample_s:.4g} s per sample per chip")
         else:
-            log(f"  mesh {name}: {row['why']}")
-    fitting = [r for r in rows if r["fits"] and "time_per_sample_s" in r]
+            log(f"  mesh {name}: {row.why}")
+    fitting = [r for r in rows if r.fits and r.time_per_sample_s is not None]
     if not fitting:
         raise ValueError(
             f"no mesh of TPU slice {tpu.name} holds {s.preset} K={config.num_kv_heads} at input "
             f"{s.input_len}, output {s.output_len} in {hbm:g} GiB per chip: "
-            + "; ".join(f"{r['mesh']}: {r.get('why', 'over the HBM')}" for r in rows)
+            + "; ".join(f"{r.mesh}: {r.why if r.why is not None else 'over the HBM'}" for r in rows)
             + " (try a larger slice, --cache-dtype int8 or shorter lengths)"
         )
-    best = min(fitting, key=lambda r: r["time_per_sample_s"])
-    record = {
-        "time_per_sample_s": best["time_per_sample_s"],
-        "times_s": [],  # nothing was run: no repeats
-        "prefill_per_sample_s": best["prefill_per_sample_s"],
-        "prefill_times_s": [],
-        "steps_per_sample_s": best["time_per_sample_s"] - best["prefill_per_sample_s"],
-        "batch": best["batch"],
-        "batch_rule": RULE_AUTO if s.batch == "auto" else t_infer.RULE_GIVEN,
-        "input_len": s.input_len,
-        "output_len": s.output_len,
-        "preset": s.preset,
-        "num_heads": config.num_heads,
-        "num_kv_heads": config.num_kv_heads,
-        "dtype": s.dtype,
-        "cache_dtype": s.cache_dtype or s.dtype,
-        "weights": WEIGHTS,
-        "machine": machine_info(),
-        "prediction": {
-            "topology": tpu.name,
-            "chips": tpu.chips,
-            "chip": dataclasses.asdict(tpu.chip),
-            "hbm_gib": hbm,
-            "mesh": best["mesh"],
-            "unit": "seconds per sample per chip: (prefill + output_len x step) x chips / batch",
-            "meshes": rows,
-            "wall_s": time.perf_counter() - start,
-        },
-    }
-    t_infer.write_atomic(record, out)
+    best = min(fitting, key=lambda r: r.time_per_sample_s)
+    prediction = Prediction(
+        topology=tpu.name, chips=tpu.chips, chip=dataclasses.asdict(tpu.chip), hbm_gib=hbm, mesh=best.mesh,
+        unit="seconds per sample per chip: (prefill + output_len x step) x chips / batch",
+        meshes=tuple(rows), wall_s=time.perf_counter() - start,
+    )  # fmt: skip
+    record = _record(s, config, best, prediction)
+    t_infer.write_record(record, out)
     return record
 
 
-def summary(record: dict[str, Any], workdir: str) -> str:
+def _record(
+    s: t_infer.TimeSettings, config: ModelConfig, best: MeshRow, prediction: Prediction
+) -> TimingRecord:
+    """The timing record of the fastest mesh ``best``: its times, no repeats (nothing was run)."""
+    return TimingRecord(
+        time_per_sample_s=best.time_per_sample_s,
+        times_s=(),
+        prefill_per_sample_s=best.prefill_per_sample_s,
+        prefill_times_s=(),
+        steps_per_sample_s=best.time_per_sample_s - best.prefill_per_sample_s,
+        batch=best.batch,
+        batch_rule=RULE_AUTO if s.batch == "auto" else t_infer.RULE_GIVEN,
+        input_len=s.input_len,
+        output_len=s.output_len,
+        preset=s.preset,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        dtype=s.dtype,
+        cache_dtype=s.cache_dtype or s.dtype,
+        weights=WEIGHTS,
+        machine=machine_info(),
+        prediction=prediction,
+    )
+
+
+def summary(record: TimingRecord, workdir: str) -> str:
     """One line: what was predicted, the time per sample per chip, and where the record went."""
-    r, p = record, record["prediction"]
-    best = next(m for m in p["meshes"] if m["mesh"] == p["mesh"])
+    r, p = record, record.prediction
+    best = p.chosen
     return (
-        f"time (predicted for TPU {p['topology']}, {p['chips']} x {p['chip']['device_kind']}; not measured): "
-        f"{r['preset']} K={r['num_kv_heads']} of N={r['num_heads']}, {r['dtype']}"
-        + (f", KV cache {r['cache_dtype']}" if r["cache_dtype"] != r["dtype"] else "")
-        + f", mesh {p['mesh']}, batch {r['batch']}, input {r['input_len']}, output {r['output_len']}: "
-        f"{r['time_per_sample_s'] * 1e3:.3f} ms per sample per chip (prefill "
-        f"{r['prefill_per_sample_s'] * 1e3:.3f} ms, {best['prefill']['bound']}-bound; decoder steps "
-        f"{r['steps_per_sample_s'] * 1e3:.3f} ms, {best['step']['bound']}-bound) -> "
-        f"{Path(workdir).expanduser() / t_infer.TIMING_FILE}"
+        f"time (predicted for TPU {p.topology}, {p.chips} x {p.chip['device_kind']}; not measured): "
+        f"{r.preset} K={r.num_kv_heads} of N={r.num_heads}, {r.dtype}"
+        + (f", KV cache {r.cache_dtype}" if r.cache_dtype != r.dtype else "")
+        + f", mesh {p.mesh}, batch {r.batch}, input {r.input_len}, output {r.output_len}: "
+        f"{r.time_per_sample_s * 1e3:.3f} ms per sample per chip (prefill "
+        f"{r.prefill_per_sample_s * 1e3:.3f} ms, {best.prefill.bound}-bound; decoder steps "
+        f"{r.steps_per_sample_s * 1e3:.3f} ms, {best.step.bound}-bound) -> "
+        f"{Path(workdir).expanduser() / TIMING_FILE}"
     )

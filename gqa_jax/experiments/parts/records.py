@@ -5,10 +5,11 @@ timing.json, metrics.jsonl); :func:`gather`: the selected runs grouped into cell
 ``stats.Stat`` over seeds; :func:`gather_times`: time cells, each a ``stats.Stat`` over the timing
 repeats of its runs (median and spread); :func:`select` / :func:`in_part`: which runs a part takes.
 
-A time run's record keeps what its timing.json has and nothing more: the whole decode's repeats,
-the prefill's, the decoder steps' (``steps_times_s``, measured on a prefilled state) and the bytes
-model of one step (``step_bytes``). A timing.json written before the last two were recorded has
-none: those cells are missing, never the whole time less the prefill's.
+A time run's record keeps its timing.json (``gqa_jax.timing.TimingRecord``, checked as it is read)
+and reads nothing more from it: the whole decode's repeats, the prefill's, the decoder steps'
+(``steps_times_s``, measured on a prefilled state) and the bytes model of one step
+(``step_bytes``). A timing.json written before the last two were recorded has none: those cells
+are missing, never the whole time less the prefill's.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gqa_jax import timing as timing_lib
 from gqa_jax.experiments.stats import Stat, stat
 from gqa_jax.experiments.sweep import Run, Sweep
 from gqa_jax.metric_writers import read_metrics
+from gqa_jax.timing import TIMING_FILE, Prediction, TimingRecord
 
 PROXY_STAGES = ("pretrain", "uptrain")  # a proxy's runs: their dev loss is the span-corruption loss
 
@@ -35,42 +38,79 @@ class Record:
     run: Run
     status: str  # "done", "failed", ... from run.json; "not run" without one
     score: float | None = None  # results.json primary
-    time: float | None = None  # timing.json time_per_sample_s
-    times: tuple[float, ...] = ()  # timing.json times_s / batch: each repeat's time per sample
-    prefill_times: tuple[float, ...] = ()  # timing.json prefill_times_s / batch (the prefill alone)
-    steps_times: tuple[float, ...] = ()  # timing.json steps_times_s / batch (the decoder's steps alone)
-    step_bytes: float | None = None  # timing.json step_bytes total: the bytes one decoder step reads
-    floor_times: tuple[float, ...] = ()  # a predicted time's read-once floor (:func:`read_once_floor`)
     dev_loss: float | None = None  # results.json loss: teacher-forced NLL per target token
     loss: float | None = None  # last eval/loss of metrics.jsonl (a training run's dev loss)
     start_loss: float | None = None  # eval/loss at step 0 (eval_at_start: the converted model's)
-    machine: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # timing.json's
-    timing: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # all of timing.json
+    timing: TimingRecord | None = None  # timing.json (a time run's)
+
+    @property
+    def time(self) -> float | None:
+        """timing.json's time_per_sample_s."""
+        return _finite(self.timing.time_per_sample_s) if self.timing is not None else None
+
+    @property
+    def times(self) -> tuple[float, ...]:
+        """timing.json's times_s / batch: each repeat's time per sample."""
+        return _per_sample(self.timing, "times_s")
+
+    @property
+    def prefill_times(self) -> tuple[float, ...]:
+        """The prefill alone: timing.json's prefill_times_s / batch (a prediction: its one number)."""
+        return self._predicted_or_repeats("prefill_per_sample_s", "prefill_times_s")
+
+    @property
+    def steps_times(self) -> tuple[float, ...]:
+        """The decoder's steps alone: timing.json's steps_times_s / batch (a prediction: its one
+        number)."""
+        return self._predicted_or_repeats("steps_per_sample_s", "steps_times_s")
+
+    def _predicted_or_repeats(self, per_sample: str, repeats: str) -> tuple[float, ...]:
+        """A prediction's one number (no repeats), else the repeats per sample."""
+        if self.predicted is not None:
+            value = _finite(getattr(self.timing, per_sample))
+            if value is not None:
+                return (value,)
+        return _per_sample(self.timing, repeats)
+
+    @property
+    def step_bytes(self) -> float | None:
+        """timing.json's step_bytes total: the bytes one decoder step reads."""
+        read = self.timing.step_bytes if self.timing is not None else None
+        return _finite(read["total"]) if read is not None else None
+
+    @property
+    def floor_times(self) -> tuple[float, ...]:
+        """A predicted time's read-once floor (``TimingRecord.read_once_floor``), none when measured."""
+        floor = _finite(self.timing.read_once_floor()) if self.timing is not None else None
+        return () if floor is None else (floor,)
+
+    @property
+    def machine(self) -> Mapping[str, Any]:
+        """timing.json's machine."""
+        return self.timing.machine if self.timing is not None else {}
 
     @property
     def sample_bytes(self) -> float | None:
         """The bytes the decoder's steps read per sample by the bytes model: output_len steps of
         ``step_bytes`` each, over the batch (None without a bytes model)."""
-        batch, steps = self.timing.get("batch"), self.timing.get("output_len")
-        if self.step_bytes is None or not isinstance(batch, int) or not isinstance(steps, int) or batch < 1:
+        if self.step_bytes is None:
             return None
-        return self.step_bytes * steps / batch
+        return self.step_bytes * self.timing.output_len / self.timing.batch
 
     @property
     def cache_share(self) -> float | None:
         """The cache's share of ``step_bytes`` (self and cross K/V over weights + cache)."""
-        read = self.timing.get("step_bytes")
-        if self.step_bytes is None or not self.step_bytes or not isinstance(read, Mapping):
+        if self.step_bytes is None or not self.step_bytes:
             return None
-        cache = [_finite(read.get(k)) for k in ("self_cache", "cross_cache")]
+        read = self.timing.step_bytes
+        cache = [_finite(read[k]) for k in ("self_cache", "cross_cache")]
         return None if None in cache else sum(cache) / self.step_bytes  # type: ignore[arg-type]
 
     @property
-    def predicted(self) -> Mapping[str, Any] | None:
+    def predicted(self) -> Prediction | None:
         """timing.json's ``prediction`` (``time --predict``: a TPU slice's, from its compiler; not
         measured), None for a measured time."""
-        p = self.timing.get("prediction")
-        return p if isinstance(p, Mapping) else None
+        return self.timing.prediction if self.timing is not None else None
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -93,45 +133,23 @@ def eval_losses(path: Path) -> tuple[float | None, float | None]:
     return (_finite(start[0]) if start else None), (_finite(rows[-1]["eval/loss"]) if rows else None)
 
 
-def _per_sample(timing: Mapping[str, Any], field: str) -> tuple[float, ...]:
-    """A timing.json list of end-to-end seconds divided by its batch (empty when either is missing)."""
-    batch, seconds = timing.get("batch"), timing.get(field)
-    if not isinstance(batch, int) or batch < 1 or not isinstance(seconds, list):
-        return ()
-    values = [_finite(t) for t in seconds]
-    return () if None in values else tuple(v / batch for v in values)  # type: ignore[operator]
+def _per_sample(timing: TimingRecord | None, field: str) -> tuple[float, ...]:
+    """A timing.json list of end-to-end seconds divided by its batch (empty when it has none)."""
+    seconds = getattr(timing, field) if timing is not None else None
+    values = [_finite(t) for t in seconds or ()]
+    return () if None in values else tuple(v / timing.batch for v in values)  # type: ignore[operator, union-attr]
 
 
 FLOOR_NOTE = (
     "Read-once floor: the same roofline with each program's bytes what it must read or write once (the "
     "weights, the cache), a lower bound where the prediction's byte count (XLA's over every op) is an "
     "upper one."
-)  # the captions of the parts that show :func:`read_once_floor`
-
-
-def read_once_floor(timing: Mapping[str, Any]) -> float | None:
-    """A predicted time's lower bound, per sample per chip: the prediction's roofline on the mesh and
-    batch it chose, with each program's bytes what it must read or write once (its arguments, the
-    weights and the cache, and its outputs not aliased to them; ``memory_analysis``; a prefill in
-    row chunks, one chunk's times the chunks) instead of XLA's count over every op. None for a
-    measured time or a record without those fields."""
-    p = timing.get("prediction")
-    if not isinstance(p, Mapping):
-        return None
-    try:
-        chip, chips, batch, steps = p["chip"], p["chips"], timing["batch"], timing["output_len"]
-        row = next(m for m in p["meshes"] if m["mesh"] == p["mesh"])
-        seconds = []
-        for program in (row["prefill"], row["step"]):
-            mem = program["memory"]  # a prefill costed from row chunks: one chunk's, read once per chunk
-            once = (mem["argument"] + mem["output"] - mem["alias"]) * program.get("chunks", 1)
-            seconds.append(max(program["flops"] / chip["peak_bf16_flops"], once / chip["hbm_bytes_per_s"]))
-        return _finite((seconds[0] + steps * seconds[1]) * chips / batch)
-    except (KeyError, TypeError, StopIteration, ZeroDivisionError):
-        return None
+)  # the captions of the parts that show ``TimingRecord.read_once_floor``
 
 
 def read_run(root: Path, run: Run) -> Record:
+    """A run's record: its status, and a done run's numbers (a time run's timing.json checked:
+    ValueError naming the file and the field)."""
     d = root / run.name
     info = _json(d / "run.json")
     if info is None:
@@ -139,28 +157,16 @@ def read_run(root: Path, run: Run) -> Record:
     status = str(info.get("status", "unknown"))
     if status != "done":
         return Record(run, status)
-    results, timing = _json(d / "results.json") or {}, _json(d / "timing.json") or {}
+    results = _json(d / "results.json") or {}
     start, last = eval_losses(d / "metrics.jsonl")
-    predicted = isinstance(timing.get("prediction"), Mapping)  # one number, no repeats
-    prefill, steps = (_finite(timing.get(f"{k}_per_sample_s")) for k in ("prefill", "steps"))
-    read = timing.get("step_bytes")
     return Record(
         run,
         status,
         score=_finite(results.get("primary")),
-        time=_finite(timing.get("time_per_sample_s")),
-        times=_per_sample(timing, "times_s"),
-        prefill_times=(prefill,)
-        if predicted and prefill is not None
-        else _per_sample(timing, "prefill_times_s"),
-        steps_times=(steps,) if predicted and steps is not None else _per_sample(timing, "steps_times_s"),
-        step_bytes=_finite(read.get("total")) if isinstance(read, Mapping) else None,
-        floor_times=tuple(f for f in (read_once_floor(timing),) if f is not None),
         dev_loss=_finite(results.get("loss")),
         loss=last,
         start_loss=start,
-        machine=timing.get("machine") or {},
-        timing=timing,
+        timing=timing_lib.read(d / TIMING_FILE),
     )
 
 
@@ -270,16 +276,15 @@ def predicted_on(records: Sequence[Record]) -> str | None:
     None when every one was measured."""
     for rec in records:
         p = rec.predicted if rec.status == "done" else None
-        if p:
-            kind = (p.get("chip") or {}).get("device_kind", "TPU")
-            return f"TPU {p.get('topology', '?')} ({p.get('chips', '?')} x {kind})"
+        if p is not None:
+            return f"TPU {p.topology} ({p.chips} x {p.chip['device_kind']})"
     return None
 
 
 def time_source(records: Sequence[Record]) -> str:
     """What the report's times are, for a caption: measured repeats on a machine, or predictions."""
     slice_ = predicted_on(records)
-    measured = any(r.status == "done" and r.timing and not r.predicted for r in records)
+    measured = any(r.status == "done" and r.timing is not None and not r.predicted for r in records)
     if slice_ is None:
         return (
             "the median of a time run's timing repeats (timing.json's times_s / batch, compile excluded; "

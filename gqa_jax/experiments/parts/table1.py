@@ -54,7 +54,7 @@ class Table1Row:
     plain_mean: Stat  # the mean over the tasks (missing when one is)
     paper: PaperRow
     prefill: Stat = Stat(None)  # the prefill alone, as ``time`` (timing.json prefill_times_s)
-    floor: Stat = Stat(None)  # a predicted T_infer's read-once floor (``records.read_once_floor``)
+    floor: Stat = Stat(None)  # a predicted T_infer's read-once floor (``TimingRecord.read_once_floor``)
     losses: Mapping[str, Stat] = dataclasses.field(default_factory=dict)  # task -> dev loss cell
     mean_loss: Stat = Stat(None)  # the mean dev loss over the tasks (missing when one is)
     steps: Stat = Stat(None)  # the decoder's steps alone, as ``time`` (timing.json steps_times_s)

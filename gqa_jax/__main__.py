@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not debug:
         sys.unraisablehook = _quiet_late_callbacks
         absl_logger.setLevel(logging.ERROR)  # orbax / TFDS chatter (--debug shows it)
+        logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # its retries' tracebacks
     prefix = f"{PROG} {args.command}"
     try:
         return importlib.import_module(f"gqa_jax.cli.{args.command}").run(args)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import socket
 import tempfile
+import urllib.parse
 from typing import Any
 
 from etils import epath
@@ -55,6 +57,27 @@ def local(path: str | os.PathLike, what: str, why: str) -> epath.Path:
     if is_remote(path):
         raise ValueError(f"{what} {os.fspath(path)!r} is a URL, but {why}: give a local directory")
     return resolve(path, what)
+
+
+STORAGE_HOST = ("storage.googleapis.com", 443)  # where gcsfs and TensorStore send every gs:// request
+
+
+def check_reachable(path: Any, what: str, timeout: float = 5.0) -> None:
+    """For a gs:// ``path``: a ValueError within ``timeout`` seconds when Cloud Storage cannot be
+    reached from here (gcsfs would retry for about a minute first). Local paths pass."""
+    if not is_remote(path):
+        return
+    host = STORAGE_HOST
+    if emulator := os.environ.get("STORAGE_EMULATOR_HOST"):  # gcsfs's own override (tests, emulators)
+        url = urllib.parse.urlsplit(emulator if "://" in emulator else f"http://{emulator}")
+        host = (url.hostname or "localhost", url.port or (443 if url.scheme == "https" else 80))
+    try:
+        socket.create_connection(host, timeout=timeout).close()
+    except OSError as err:
+        raise ValueError(
+            f"{what} {os.fspath(path)} is on Google Cloud Storage, and {host[0]} cannot be reached "
+            f"from this machine ({err.strerror or err}): check the network, or use a local directory"
+        ) from None
 
 
 def is_remote(path: Any) -> bool:

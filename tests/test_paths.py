@@ -165,3 +165,14 @@ def test_an_atomic_write_leaves_the_old_text_or_the_new_and_no_temporary_file(tm
     paths.write_text_atomic(f"{bucket}/atomic/run.json", "héllo\n")
     assert fake_gcs.objects("atomic/") == ["atomic/run.json"]
     assert epath.Path(f"{bucket}/atomic/run.json").read_text() == "héllo\n"
+
+
+def test_an_unreachable_bucket_is_named_before_any_work(small_vocab, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # the discard port: refused
+    from gqa_jax.__main__ import main
+
+    code = main(["train", "--config", str(REPO / "configs" / "finetune.py"), "--workdir", "gs://b/run",
+                 f"--config.data_dir={tmp_path / 'data'}"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "workdir gs://b/run is on Google Cloud Storage" in err[0], err
+    assert not (tmp_path / "data").exists()  # nothing built before the error

@@ -162,13 +162,16 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     """
     check_config(config)
     workdir = paths.resolve(workdir, "workdir")
+    paths.check_reachable(workdir, "workdir")
     task = tasks_lib.get_task(config.task)
     if source := starts_from(config):  # a wrong path is named before the suite's vocabulary is built
         checkpoints.check_source(source)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
-    vocab = load_vocab(config.vocab, task, data_dir)
-    journal = WorkdirJournal(workdir)  # creates the workdir and takes its lock before anything is written
+    # creates the workdir and takes its lock before anything is written or built: an unreachable or
+    # busy workdir is named before the suite's vocabulary is built
+    journal = WorkdirJournal(workdir)
     try:
+        vocab = load_vocab(config.vocab, task, data_dir)
         with StopSignals() as stops:
             return _train(config, workdir, task, data_dir, vocab, journal, stops)
     except Stopped:

@@ -144,3 +144,10 @@ def test_train_help_names_the_override_forms(capsys):
     assert main(["train", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "--config.FIELD=VALUE or --config.FIELD VALUE" in out and "configs/base.py" in out
+
+
+@pytest.mark.parametrize("where,message", [("", "is a folder"), ("none/x.json", "does not exist")])
+def test_a_json_output_that_cannot_be_written_is_refused_before_any_work(where, message, tmp_path, capsys):
+    code = main(["bench", "cache", "--model", str(tmp_path / "no_model"), "--json", str(tmp_path / where)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "argument --json" in err[0] and message in err[0], err

@@ -96,8 +96,26 @@ def add_seed(
     p.add_argument("--seed", type=int, default=0, help=help)
 
 
+def output_file(text: str) -> str:
+    """argparse type: a file a command writes at its end, checked before any work: not a folder, in
+    a folder that exists and can be written."""
+    import os
+
+    path = os.path.expanduser(text)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        example = f"{text.rstrip('/')}/out.json"
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name, e.g. {example}")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text}: its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: its folder {folder} cannot be written")
+    return path
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", default=None, metavar="OUT.json", help="also write every number to this file")
+    help = "also write every number to this file"
+    p.add_argument("--json", default=None, type=output_file, metavar="OUT.json", help=help)
 
 
 def write_json(result: Any, path: str | None) -> None:

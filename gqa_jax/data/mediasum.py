@@ -68,7 +68,7 @@ The manual directory (`manual_dir`) must hold the two files of the MediaSum rele
     (data/README.md there points to a Google Drive file) and unzip it; the json is ~4 GB.
   * {SPLITS_FILE}: from the same folder, {HOMEPAGE}/tree/main/data.
 
-Then build with `gqa_jax.data.mediasum.prepare_mediasum(data_dir=DATA_DIR, manual_dir=THAT_DIR)`.
+Then build with `python -m gqa_jax data prepare mediasum --manual-dir THAT_DIR [--data-dir DATA_DIR]`.
 """
 
 CITATION = """\

@@ -151,3 +151,16 @@ def test_a_json_output_that_cannot_be_written_is_refused_before_any_work(where, 
     code = main(["bench", "cache", "--model", str(tmp_path / "no_model"), "--json", str(tmp_path / where)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "argument --json" in err[0] and message in err[0], err
+
+
+def test_a_predict_mesh_not_of_the_slice_is_named_before_libtpu_loads(tmp_path, capsys, monkeypatch):
+    from gqa_jax.tools import tpu_topology
+
+    def no_libtpu(name):
+        raise AssertionError("libtpu was asked for the slice")
+
+    monkeypatch.setattr(tpu_topology, "slice_devices", no_libtpu)
+    out = tmp_path / "t"
+    assert main(["time", "--workdir", str(out), "--preset", "tiny", "--predict", "v4:2x2x2", "--mesh", "3x3"]) == 2
+    err = capsys.readouterr().err
+    assert "--mesh 3x3 has 9 devices but TPU slice v4:2x2x2 has 8 chips" in err and not out.exists()

@@ -40,6 +40,7 @@ bound of what crosses HBM when operands stay in on-chip memory.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -273,17 +274,18 @@ def check_settings(s: t_infer.TimeSettings) -> tpu_topology.TpuSlice:
             "(with --num-kv-heads K) instead of --model"
         )
     t_infer.check_settings(dataclasses.replace(s, batch="auto"))  # the batch is checked per mesh
-    tpu = tpu_topology.slice_devices(s.predict)
+    _, shape = tpu_topology.parse_topology(s.predict)  # the name alone: before libtpu loads
+    chips = math.prod(shape)
     if s.mesh != MESH_AUTO:
         data, model = sharding_lib.parse_mesh_shape(s.mesh)
-        if data * model != tpu.chips:
+        if data * model != chips:
             raise ValueError(
-                f"--mesh {s.mesh} has {data * model} devices but TPU slice {tpu.name} has {tpu.chips} "
-                f"chips: give DATAxMODEL with DATA x MODEL = {tpu.chips} or auto (every split)"
+                f"--mesh {s.mesh} has {data * model} devices but TPU slice {s.predict} has {chips} "
+                f"chips: give DATAxMODEL with DATA x MODEL = {chips} or auto (every split)"
             )
         if s.batch != "auto" and s.batch % data:
             raise ValueError(f"--batch {s.batch} does not split over mesh {s.mesh}'s data axis {data}")
-    return tpu
+    return tpu_topology.slice_devices(s.predict)
 
 
 def predict_t_infer(s: t_infer.TimeSettings, log: Callable[[str], None] = lambda m: None) -> TimingRecord:

@@ -161,6 +161,7 @@ def test_a_predict_mesh_not_of_the_slice_is_named_before_libtpu_loads(tmp_path, 
 
     monkeypatch.setattr(tpu_topology, "slice_devices", no_libtpu)
     out = tmp_path / "t"
-    assert main(["time", "--workdir", str(out), "--preset", "tiny", "--predict", "v4:2x2x2", "--mesh", "3x3"]) == 2
+    argv = ["--preset", "tiny", "--predict", "v4:2x2x2", "--mesh", "3x3"]
+    assert main(["time", "--workdir", str(out), *argv]) == 2
     err = capsys.readouterr().err
     assert "--mesh 3x3 has 9 devices but TPU slice v4:2x2x2 has 8 chips" in err and not out.exists()

@@ -59,6 +59,8 @@ with the sanity claims and then the paper's claims, each with its numbers, the s
 its seeds resolve and a verdict (docs/mini/ has the measured one).
 """
 
+from gqa_jax.data import stdlib_suite
+from gqa_jax.data.locations import default_data_dir
 from gqa_jax.data.tasks import get_task
 from gqa_jax.experiments import paper
 from gqa_jax.experiments import runs as R
@@ -206,11 +208,23 @@ def _roles(s):
     }
 
 
+def _vocab(s, params):
+    """The runs' vocabulary: the one given, else the suite's of the scale's size (the file the demo
+    builds; a run builds it where it is missing); None for the suite's default size, which every
+    stdlib run loads without one."""
+    if params["vocab"] is not None or s["vocab_size"] == stdlib_suite.VOCAB_SIZE:
+        return params["vocab"]
+    return str(stdlib_suite.suite_vocab_path(params["data_dir"] or default_data_dir(), s["vocab_size"]))
+
+
 def get_sweep(params):
     if params["scale"] not in SCALES:
         raise ValueError(f"unknown scale {params['scale']!r}; choose from {', '.join(SCALES)}")
     s = SCALES[params["scale"]]
     assert 0.05 in s["alphas"], "Table 1's roles start from the alpha 0.05 uptraining"
+    if int(params["fig4_seeds"]) < 1:
+        raise ValueError(f"fig4_seeds={params['fig4_seeds']} leaves Fig. 4 without a run: give 1 or more")
+    params = {**params, "vocab": _vocab(s, params)}  # the runs' and the evaluations' vocabulary
     data = {"data_dir": params["data_dir"], "vocab": params["vocab"], "progress": False, "log_every": 10}
     span = dict(
         data,

@@ -47,6 +47,8 @@ def run(
     if scale not in module.SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(module.SCALES)}")
     data_dir = str(data_dir or tasks_lib.default_data_dir())
+    if not paths.is_remote(data_dir):  # the runs start in another directory
+        data_dir = str(Path(data_dir).expanduser().absolute())
     root = Path(root).expanduser().absolute()
     for flag, path in (("--root", root), ("--data-dir", data_dir)):  # before minutes of data building
         if not paths.is_remote(path) and Path(path).expanduser().is_file():

@@ -52,3 +52,19 @@ def test_paths_are_made_absolute_against_the_working_directory(tmp_path, monkeyp
     sweep = load_sweep(MINI, ["scale=quick", "data_dir=suite_link"])
     dirs = {r.args["data_dir"] for r in sweep.runs if "data_dir" in r.args}
     assert dirs == {str(tmp_path / "suite_link")}
+
+
+def test_a_count_that_would_drop_a_figure_is_refused():
+    with pytest.raises(ValueError, match="fig4_seeds=0 leaves Fig. 4 without a run"):
+        load_sweep(MINI, ["fig4_seeds=0"])
+
+
+def test_the_quick_sweep_trains_on_the_vocabulary_the_quick_demo_builds(tmp_path):
+    from gqa_jax.data import stdlib_suite
+
+    runs = load_sweep(MINI, ["scale=quick", f"data_dir={tmp_path}"]).runs
+    demo_vocab = str(stdlib_suite.suite_vocab_path(tmp_path, 1000))  # reproduce.run's for the quick scale
+    assert {r.args["vocab"] for r in runs if "vocab" in r.args} == {demo_vocab}
+    assert stdlib_suite.suite_vocab_size(demo_vocab, tmp_path) == 1000  # a run builds it where missing
+    assert stdlib_suite.suite_vocab_size(tmp_path / "spm1000.model", tmp_path) is None
+    assert {r.args.get("vocab") for r in load_sweep(MINI, []).runs} == {None}  # the suite's default size

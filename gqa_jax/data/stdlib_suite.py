@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import io
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -227,6 +228,14 @@ def suite_data_source(name: str, split: str, data_dir: str | os.PathLike) -> Seq
 def suite_vocab_path(data_dir: str | os.PathLike, size: int = VOCAB_SIZE) -> Path:
     """Where the suite's SentencePiece model lives: ``DATA_DIR/stdlib_vocab/<config>/spm<size>.model``."""
     return Path(data_dir) / "stdlib_vocab" / _current_config().name / f"spm{size}.model"
+
+
+def suite_vocab_size(path: str | os.PathLike, data_dir: str | os.PathLike) -> int | None:
+    """The size of the suite's vocabulary that ``path`` names (:func:`suite_vocab_path`), else None."""
+    found = re.fullmatch(r"spm(\d+)\.model", Path(path).name)
+    if found is None or Path(path).absolute() != suite_vocab_path(data_dir, int(found[1])).absolute():
+        return None
+    return int(found[1])
 
 
 def suite_vocab(data_dir: str | os.PathLike, size: int = VOCAB_SIZE, *, log: Callable[[str], Any] = print):

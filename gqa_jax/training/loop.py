@@ -75,7 +75,11 @@ def num_steps(config: Any) -> int:
 
 
 def load_vocab(path: str | None, task: Any, data_dir: str) -> Any:
-    """The SentencePiece vocabulary at ``path``; without one, the stdlib suite's for its tasks."""
+    """The SentencePiece vocabulary at ``path`` (the suite's own of some size is trained where it is
+    missing); without one, the stdlib suite's for its tasks."""
+    size = stdlib_suite.suite_vocab_size(path, data_dir) if path else None
+    if size is not None:
+        return stdlib_suite.suite_vocab(data_dir, size)
     if path:
         return vocab_lib.load_vocab(path)
     if task.suite:

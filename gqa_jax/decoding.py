@@ -9,9 +9,9 @@ Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = ma
   token, writes its K/V at the cache index, and picks the next token (greedy or sampled).
 - The decode programs (jitted; their static settings a frozen ``DecodeConfig`` from
   ``decode_config``): ``start`` (the prefill and the loop's first state), ``step`` (one step),
-  ``finish`` (the steps in a ``lax.while_loop`` until every row is done) and ``decode_loop``
+  ``finish`` (the steps in a ``lax.while_loop`` until every row is done) and ``prefill_and_decode``
   (``start`` then ``finish`` in one program). ``greedy_decode`` / ``sample_decode`` check the
-  inputs on the host and call ``decode_loop``; ``beam_search``, ``plan``, ``time`` and the
+  inputs on the host and call ``prefill_and_decode``; ``beam_search``, ``plan``, ``time`` and the
   benchmarks run or lower the same programs, so one path is measured and predicted. The decoder
   starts from the pad id 0, rows that emitted EOS keep emitting pad, and the loop stops as soon
   as every row is done.
@@ -238,7 +238,7 @@ def decode_step(
 # ------------------------------------------------------------------- the decode programs
 # Every program takes the model split (graphdef static, params traced) and a static
 # ``DecodeConfig``, ``mesh`` and ``rules`` (as ``sharding.rules_key`` gives them); with a mesh its
-# trace runs under the mesh's activation sharding. ``decode_loop`` is ``start`` then ``finish``
+# trace runs under the mesh's activation sharding. ``prefill_and_decode`` is ``start`` then ``finish``
 # in one program; the tools lower or time the pieces (``step`` alone: the stepped benchmark and the
 # TPU prediction; ``finish``: the decoder's steps timed apart from the prefill).
 def _start(model: T5, ids: Array, key: Array, config: DecodeConfig) -> DecodeState:
@@ -299,7 +299,7 @@ def finish(
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def decode_loop(
+def prefill_and_decode(
     graphdef, params, encoder_input_ids, key, temperature, *, config: DecodeConfig, mesh=None, rules=None
 ) -> DecodeState:
     """The whole greedy / sampling decode in one program: ``start`` then ``finish``.
@@ -387,7 +387,7 @@ def sample_decode(
         cache_dtype=cache_dtype,
         prefill_rows=prefill_rows(config_of(model), *ids.shape, mesh),
     )
-    state = decode_loop(
+    state = prefill_and_decode(
         graphdef,
         params,
         ids,
@@ -415,7 +415,8 @@ def _uncached_loop(graphdef, params, encoder_input_ids, *, max_decode_len: int, 
 
     def step(carry):
         inputs, tokens, logits_all, done, lengths, t = carry
-        logits = model.decode(inputs, encoded, mask)  # [B, T_max, V]: the whole prefix, every step
+        # [B, T_max, V]: the whole prefix, every step
+        logits = model.decode_teacher_forced(inputs, encoded, mask)
         logits = jax.lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)  # [B, V]
         token = jnp.where(done, PAD_ID, jnp.argmax(logits, -1).astype(jnp.int32))
         tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))

@@ -287,7 +287,7 @@ class T5(nnx.Module):
             out = project("BTD,DV->BTV", hidden, w, kernel=self.kernel)
         return constrain(out.astype(jnp.float32), "logits")
 
-    def decode(
+    def decode_teacher_forced(
         self,
         decoder_input_ids: Array,
         encoded: Array,
@@ -350,7 +350,9 @@ class T5(nnx.Module):
         if encoder_segment_ids is not None:
             same = decoder_segment_ids[:, :, None] == encoder_segment_ids[:, None, :]  # [B, T, S]
             cross_mask = cross_mask[:, None, :] & same
-        return self.decode(decoder_input_ids, encoded, cross_mask, segment_ids=decoder_segment_ids, rngs=rngs)
+        return self.decode_teacher_forced(
+            decoder_input_ids, encoded, cross_mask, segment_ids=decoder_segment_ids, rngs=rngs
+        )
 
 
 def _check_ids(name: str, ids: Array) -> None:

@@ -62,7 +62,7 @@ def test_cpu_decode_loop_takes_weight_products_out_major():
     args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
     for kernel in ("cpu", "einsum"):
         config = DecodeConfig(max_decode_len=MAX, eos_id=1, kernel=kernel)
-        hlo = decoding.decode_loop.lower(*args, config=config).as_text()
+        hlo = decoding.prefill_and_decode.lower(*args, config=config).as_text()
         assert ("optimization_barrier" in hlo) == (kernel == "cpu")
     assert DecodeConfig(max_decode_len=MAX).kernel == "einsum"
     cpu, tpu = jax.devices()[0], SimpleNamespace(platform="tpu")
@@ -94,7 +94,7 @@ def test_the_decode_entry_points_choose_the_kernel_on_the_host(monkeypatch):
 
     import gqa_jax.beam_search as beam_lib
 
-    monkeypatch.setattr(decoding, "decode_loop", spy("greedy"))
+    monkeypatch.setattr(decoding, "prefill_and_decode", spy("greedy"))
     monkeypatch.setattr(beam_lib, "_beam_loop", spy("beam"))
     for kernel in ("cpu", "einsum"):
         monkeypatch.setattr(cpu_step, "kernel_for", lambda mesh, kernel=kernel: kernel)
@@ -105,18 +105,19 @@ def test_the_decode_entry_points_choose_the_kernel_on_the_host(monkeypatch):
 
 
 def test_the_cpu_fast_path_gives_the_plain_loops_tokens(model, monkeypatch):
-    """decode_loop under the "einsum" and the "cpu" kernel: the same tokens and lengths, logits equal to
-    float rounding, and only the fast program has the out-major barriers (small weights allowed
-    here, so every product of the step takes that path; G > 1 also attends head by head)."""
+    """prefill_and_decode under the "einsum" and the "cpu" kernel: the same tokens and lengths,
+    logits equal to float rounding, and only the fast program has the out-major barriers (small
+    weights allowed here, so every product of the step takes that path; G > 1 also attends head by
+    head)."""
     monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)
     graphdef, params = nnx.split(model)
     args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
     out = {}
     for kernel in ("einsum", "cpu"):
         config = DecodeConfig(max_decode_len=MAX - 3, return_logits=True, kernel=kernel)  # a fresh trace
-        hlo = decoding.decode_loop.lower(*args, config=config).as_text()
+        hlo = decoding.prefill_and_decode.lower(*args, config=config).as_text()
         assert ("optimization_barrier" in hlo) == (kernel == "cpu")
-        out[kernel] = decoding.decode_loop(*args, config=config)
+        out[kernel] = decoding.prefill_and_decode(*args, config=config)
     fast, plain = out["cpu"], out["einsum"]
     np.testing.assert_array_equal(np.asarray(fast.tokens), np.asarray(plain.tokens))
     np.testing.assert_array_equal(np.asarray(fast.lengths), np.asarray(plain.lengths))
@@ -138,7 +139,7 @@ def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch)
 
     def loops(n: int) -> int:  # while loops of the CPU decode loop's program at length n
         config = DecodeConfig(max_decode_len=n, return_logits=True, kernel="cpu")
-        return decoding.decode_loop.lower(*args, config=config).as_text().count("stablehlo.while")
+        return decoding.prefill_and_decode.lower(*args, config=config).as_text().count("stablehlo.while")
 
     unchunked = loops(MAX - 2)  # lengths no other test traces: fresh traces
     monkeypatch.setattr(cpu_step, "ENCODE_CHUNK_TOKENS", ENC.shape[1])  # from here: one row per chunk
@@ -166,7 +167,7 @@ def test_finished_rows_emit_pad_and_loop_stops_early(model):
         assert (row[n:] == 0).all()  # ... and only pad follows
     if (lengths < MAX).all():  # the while_loop ran max(lengths) steps, not MAX
         graphdef, params = nnx.split(model)
-        state = decoding.decode_loop(
+        state = decoding.prefill_and_decode(
             graphdef,
             params,
             jnp.asarray(ENC),

@@ -275,7 +275,8 @@ def profile_loop(
     # greedy, on the path greedy_decode takes here (the CPU fast path on one CPU device)
     config = decoding.decode_config(steps, eos_id=NEVER_EOS)
     start = time.perf_counter()
-    compiled = decoding.decode_loop.lower(graphdef, params, ids, key, temperature, config=config).compile()
+    lowered = decoding.prefill_and_decode.lower(graphdef, params, ids, key, temperature, config=config)
+    compiled = lowered.compile()
     compile_s = time.perf_counter() - start
 
     def run():

@@ -4,7 +4,7 @@ loop, compiled ahead of time on abstract shapes (no weights are allocated).
 Both programs are built exactly as a run builds them: the train step is
 ``training.make_train_step`` with ``mesh=`` and the ``TrainState`` shardings of the rule table
 (``training.state_shardings``): the batch rows over ``data``, the state donated, traced inside
-``sharding.activation_sharding``; the decode loop is ``decoding.decode_loop`` (greedy, prefill
+``sharding.activation_sharding``; the decode loop is ``decoding.prefill_and_decode`` (greedy, prefill
 included) with ``mesh=``. Their inputs are
 ``jax.ShapeDtypeStruct``s carrying those shardings; ``jax.jit(...).lower(...).compile()`` then
 gives ``memory_analysis()``, which for an SPMD-partitioned program counts ONE device's buffers.
@@ -293,7 +293,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
     rows = decode_inputs.prefill_rows(setup.decode_config, batch, s.input_len, mesh)  # a TPU's chunks
     start = time.perf_counter()
-    lowered = decoding.decode_loop.lower(
+    lowered = decoding.prefill_and_decode.lower(
         setup.decode_graphdef, setup.decode_params, ids, key, temperature,
         config=decoding.decode_config(s.output_len, mesh=mesh, eos_id=EOS_ID, cache_dtype=s.cache_dtype,
                                       prefill_rows=rows),

@@ -4,7 +4,7 @@ embedded suite's corpus and docsum datasets from 16 stdlib files (for the subpro
 The session's processes (both xdist workers and every subprocess a test starts) share three
 settings, all about compile time, which is most of this suite's time (tiny programs, each run a
 few times); what the tests check does not depend on them (the suite passes either way; benchmarks
-are not tests), and docs/testing.md has what each saved:
+are not tests), and docs/results/testing.md has what each saved:
 - XLA's LLVM optimization off (``--xla_backend_optimization_level=0``);
 - XLA:CPU's older elemental emitters instead of its MLIR fusion emitters
   (``--xla_cpu_use_fusion_emitters=false``): they compile tiny fusions faster;

@@ -1,6 +1,6 @@
 """``bench cache``: a quantized KV cache's greedy decodes against the float cache's on a checkpoint
 and a scored task (structure and bookkeeping on a tiny random model; the numbers are measured in
-docs/decoding.md)."""
+docs/results/decoding.md)."""
 
 from __future__ import annotations
 

@@ -200,7 +200,7 @@ def test_a_claims_noise_is_never_below_the_spread_across_machines():
     # with seeds spread beyond the floor, the seeds' noise is the rule's
     seeds = stats.stat({0: 16.0, 1: 18.0}, 2)
     assert claims_lib.resolvable(seeds, seeds, 0.5) == pytest.approx(2.0)
-    # the measured spreads are inside the floors (docs/experiments.md, "Deterministic")
+    # the measured spreads are inside the floors (docs/results/determinism.md)
     assert 2.9e-5 < claims_lib.MACHINE["loss"] and 0.13 < claims_lib.MACHINE["score"]
 
 

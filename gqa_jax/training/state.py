@@ -10,7 +10,7 @@ Schedules (``make_schedule``):
   * uptraining continues that schedule from the source checkpoint's step: ``offset`` = its step;
   * ``constant``: fine-tuning at 0.001 (the paper's);
   * ``linear``: fine-tuning from ``learning_rate`` at step 0 down to 0 at ``decay_steps`` (the
-    run's last step), so the last steps move the weights little (the mini's choice, docs/training.md).
+    run's last step), so the last steps move the weights little (the mini's choice, experiments/mini.py).
 
 Shardings: parameters by the rule table (``gqa_jax.sharding``); optimizer leaves shaped like
 their parameter take its sharding, the rest (factored moments, counters) are replicated.

@@ -154,23 +154,33 @@ def info_report(
 ) -> str:
     """The ``python -m gqa_jax info --preset NAME`` report of one model (with ``mesh``, DATAxMODEL,
     also how its cache lies on that mesh's devices)."""
-    N, H = config.num_heads, config.head_dim
-    heads = kv_heads_by_attention(config)
-    variant = attention_name(config.num_kv_heads, N) if config.grouped_attentions else "MHA"
+    variant = attention_name(config.num_kv_heads, config.num_heads) if config.grouped_attentions else "MHA"
     grouped = ", ".join(config.grouped_attentions) or "none"
     # Validate the lengths first: a bad one should fail before the (slower) parameter count.
     cache = expected_cache_bytes(config, batch, input_len, output_len, dtype)
     cache_mha = expected_cache_bytes(mha(config), batch, input_len, output_len, dtype)
-    per_token = cache_bytes_per_token(config, dtype)
-    per_token_mha = cache_bytes_per_token(mha(config), dtype)
-    counts = param_counts(config)
-    total_mha = param_counts(mha(config))["total"]
-
     lines = [f"{name} with {variant} (num_kv_heads={config.num_kv_heads}, grouped: {grouped})", ""]
     lines.append("Config")
     lines += _table([[k, str(v)] for k, v in config.to_dict().items()], align="ll")
+    lines += ["", *_parameter_lines(config, name, variant)]
+    lines += ["", *_head_lines(config)]
+    lines += ["", *_per_token_lines(config, dtype)]
+    lines += ["", f"KV cache (batch {batch}, input {input_len}, output {output_len}, {dtype})"]
+    rows = [["", "bytes", "", "MHA bytes", f"{variant} / MHA"]]
+    for part in ("self", "cross", "total"):
+        ratio = f"{cache[part] / cache_mha[part]:.4f}"
+        rows.append([part, f"{cache[part]:,}", human_bytes(cache[part]), f"{cache_mha[part]:,}", ratio])
+    lines += _table(rows)
+    if mesh is not None:
+        lines += ["", *_mesh_lines(config, mesh, batch, input_len, output_len, dtype)]
+    return "\n".join(lines)
 
-    lines += ["", "Parameters (counted with nnx.eval_shape; nothing allocated)"]
+
+def _parameter_lines(config: ModelConfig, name: str, variant: str) -> list[str]:
+    """The parameter counts by component, beside MHA's and the public checkpoint's."""
+    counts = param_counts(config)
+    total_mha = param_counts(mha(config))["total"]
+    lines = ["Parameters (counted with nnx.eval_shape; nothing allocated)"]
     rows = [[COMPONENTS[k], f"{counts[k]:,}", human_count(counts[k])] for k in COMPONENTS]
     rows.append(["total", f"{counts['total']:,}", human_count(counts["total"])])
     if total_mha != counts["total"]:
@@ -184,51 +194,29 @@ def info_report(
     if public is not None:
         same = "equals" if public == total_mha else f"DIFFERS by {total_mha - public:+,} from"
         lines.append(f"  (our MHA total {same} the public checkpoint's count)")
+    return lines
 
-    lines += ["", f"K/V heads (N = {N} query heads, head_dim {H})"]
+
+def _head_lines(config: ModelConfig) -> list[str]:
+    """The K/V heads of each attention and their groups."""
+    N, H = config.num_heads, config.head_dim
     rows = []
-    for kind, k in heads.items():
+    for kind, k in kv_heads_by_attention(config).items():
         note = attention_name(k, N) + (f", G = {N // k} query heads per K/V head" if k != N else "")
         rows.append([kind, str(k), note])
-    lines += _table(rows, align="lrl")
+    return [f"K/V heads (N = {N} query heads, head_dim {H})", *_table(rows, align="lrl")]
 
-    L = config.num_decoder_layers
+
+def _per_token_lines(config: ModelConfig, dtype: str) -> list[str]:
+    """The KV cache's bytes per output (self) and input (cross) token, beside MHA's."""
+    ours, theirs = cache_bytes_per_token(config, dtype), cache_bytes_per_token(mha(config), dtype)
     scales = " + a 4-byte scale per token and head" if kv_quant.is_quantized(str(dtype)) else ""
-    lines += ["", f"KV cache per token (batch 1, {dtype}{scales}, {L} decoder layers, K and V)"]
-    lines += _table(
-        [
-            ["", "bytes", "", "MHA bytes"],
-            [
-                "self-attention, per output token",
-                f"{per_token['self']:,}",
-                human_bytes(per_token["self"]),
-                f"{per_token_mha['self']:,}",
-            ],
-            [
-                "cross-attention, per input token",
-                f"{per_token['cross']:,}",
-                human_bytes(per_token["cross"]),
-                f"{per_token_mha['cross']:,}",
-            ],
-        ]
-    )
-
-    lines += ["", f"KV cache (batch {batch}, input {input_len}, output {output_len}, {dtype})"]
-    rows = [["", "bytes", "", "MHA bytes", f"{variant} / MHA"]]
-    for part in ("self", "cross", "total"):
-        rows.append(
-            [
-                part,
-                f"{cache[part]:,}",
-                human_bytes(cache[part]),
-                f"{cache_mha[part]:,}",
-                f"{cache[part] / cache_mha[part]:.4f}",
-            ]
-        )
-    lines += _table(rows)
-    if mesh is not None:
-        lines += ["", *_mesh_lines(config, mesh, batch, input_len, output_len, dtype)]
-    return "\n".join(lines)
+    L = config.num_decoder_layers
+    rows = [["", "bytes", "", "MHA bytes"]]
+    parts = (("self", "self-attention, per output token"), ("cross", "cross-attention, per input token"))
+    for part, per in parts:
+        rows.append([per, f"{ours[part]:,}", human_bytes(ours[part]), f"{theirs[part]:,}"])
+    return [f"KV cache per token (batch 1, {dtype}{scales}, {L} decoder layers, K and V)", *_table(rows)]
 
 
 def _mesh_lines(

@@ -52,6 +52,18 @@ def resolve(path: str | os.PathLike, what: str) -> epath.Path:
     return epath.Path(text)
 
 
+def absolute(value: Any, *, is_path: bool = False) -> Any:
+    """A value the user typed that names a local path, made absolute against the working directory
+    with ``~`` expanded (runs started in another directory read it the same): where ``is_path``
+    (its field holds a path), or where it starts with ``~``, ``./`` or ``../`` or names a file or
+    folder here. URLs and other values stay as they are."""
+    if not isinstance(value, str) or not value or _URL.match(value):
+        return value
+    if is_path or value.startswith(("~", "./", "../")) or os.path.exists(value):
+        return os.path.abspath(os.path.expanduser(value))
+    return value
+
+
 def local(path: str | os.PathLike, what: str, why: str) -> epath.Path:
     """``resolve`` for the paths that must be on this machine's disk; ``why`` says why in the error."""
     if is_remote(path):

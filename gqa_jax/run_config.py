@@ -30,7 +30,7 @@ from absl import flags
 from ml_collections import config_flags
 from ml_collections.config_flags import config_path
 
-from gqa_jax import shipped
+from gqa_jax import paths, shipped
 
 _OVERRIDE = re.compile(r"^--?(?:no)?config\.([^=]+)")
 
@@ -100,9 +100,36 @@ def override(config: ml_collections.ConfigDict, argv: Sequence[str]) -> ml_colle
     return config
 
 
+# The fields that hold a local path or a URL: made absolute at load (``paths.absolute``), so a run
+# reads the same files from any directory; a task field only when it names a task file.
+PATH_FIELDS = ("data_dir", "vocab", "init_from", "uptrain.source")
+TASK_FIELDS = ("task", "uptrain.calibration_task")
+
+
 def load(spec: str | os.PathLike, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    """``spec``'s config (``path.py[:variant]``) with ``overrides`` (``--config.a.b=value`` ...)."""
-    return override(load_file(spec), overrides)
+    """``spec``'s config (``path.py[:variant]``) with ``overrides`` (``--config.a.b=value`` ...),
+    its path fields made absolute (:data:`PATH_FIELDS`)."""
+    config = override(load_file(spec), overrides)
+    with config.unlocked():
+        for dotted, value in path_values(config).items():
+            *sections, name = dotted.split(".")
+            node = config
+            for section in sections:
+                node = node[section]
+            node[name] = value
+    return config
+
+
+def path_values(config: Any) -> dict[str, Any]:
+    """The path fields of ``config`` (a ConfigDict or a stored config's dict) made absolute."""
+    out = {}
+    for dotted in PATH_FIELDS + TASK_FIELDS:
+        node = config
+        for part in dotted.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        if isinstance(node, str):
+            out[dotted] = paths.absolute(node, is_path=dotted in PATH_FIELDS or node.endswith(".py"))
+    return out
 
 
 def field_names(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:

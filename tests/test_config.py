@@ -1,6 +1,7 @@
 """ModelConfig: presets, overrides, serialization and validation errors; the run configs
 (configs/*.py loaded by gqa_jax.run_config, their variants and --config.FIELD overrides)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_none_default_fields_are_typed_placeholders():
     with pytest.raises(TypeError):
         config.input_length = "long"
     config = run_config.load(CONFIGS / "base.py", ["--config.input_length=12", "--config.vocab", "spm.model"])
-    assert (config.input_length, config.vocab) == (12, "spm.model")
+    assert (config.input_length, config.vocab) == (12, os.path.abspath("spm.model"))  # a path: absolute
     with pytest.raises(ValueError, match=r"config.uptrain.source_step takes a value of type int"):
         run_config.load(CONFIGS / "base.py", ["--config.uptrain.source_step=soon"])
 
@@ -123,12 +124,13 @@ def test_none_default_fields_are_typed_placeholders():
         ("pretrain.py:model=small,kv=2,steps=3", {"model.preset": "small", "model.num_kv_heads": 2}),
         (
             "uptrain.py:source=runs/pt/model,kv=2,method=first,alpha=0.1,original_steps=400",
-            {"recipe": "uptrain", "uptrain.source": "runs/pt/model", "uptrain.num_kv_heads": 2,
-             "uptrain.method": "first", "uptrain.alpha": 0.1, "uptrain.original_steps": 400},
+            {"recipe": "uptrain", "uptrain.source": os.path.abspath("runs/pt/model"),
+             "uptrain.num_kv_heads": 2, "uptrain.method": "first", "uptrain.alpha": 0.1,
+             "uptrain.original_steps": 400},
         ),
         (
             "finetune.py:task=stdlib_qa,init=runs/pt/model",
-            {"recipe": "finetune", "task": "stdlib_qa", "init_from": "runs/pt/model",
+            {"recipe": "finetune", "task": "stdlib_qa", "init_from": os.path.abspath("runs/pt/model"),
              "model.dropout_rate": 0.1, "eval_at_start": True},
         ),
         ("finetune.py", {"init_from": None, "task": "stdlib_docsum"}),
@@ -183,3 +185,18 @@ def test_override_errors_are_one_line_naming_the_field():
     assert "unrecognized argument --steps" in error("--steps=3")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run_config.load(CONFIGS / "nope.py")
+
+
+def test_path_fields_are_made_absolute_where_the_user_typed_them(tmp_path, monkeypatch):
+    from gqa_jax import run_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_task.py").write_text("")
+    config = run_config.load(
+        CONFIGS / "finetune.py:task=my_task.py",
+        ["--config.vocab=~/spm.model", "--config.data_dir=data", "--config.init_from=gs://b/m"],
+    )
+    home = os.path.expanduser("~")
+    assert (config.task, config.vocab) == (str(tmp_path / "my_task.py"), f"{home}/spm.model")
+    assert (config.data_dir, config.init_from) == (str(tmp_path / "data"), "gs://b/m")
+    assert run_config.load(CONFIGS / "finetune.py:task=stdlib_docsum").task == "stdlib_docsum"

@@ -1,5 +1,6 @@
 """The command line: the dispatcher and `train`'s config parsing (the demo: tests/test_mini.py)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def test_train_overrides_nested_bool_float_tuple_fields():
 def test_train_none_default_fields_are_typed(capsys):
     assert train_config().input_length is None
     assert train_config("--config.input_length", "12").input_length == 12
-    assert train_config("--config.init_from=runs/x/model").init_from == "runs/x/model"
+    assert train_config("--config.init_from=runs/x/model").init_from == os.path.abspath("runs/x/model")
     err = train_error(capsys, "--config.input_length", "long")
     assert "config.input_length takes a value of type int" in err
 

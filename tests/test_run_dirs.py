@@ -444,3 +444,21 @@ def test_the_best_step_is_the_highest_scored_checkpoint_not_the_latest(tmp_path)
     reopened = checkpoint_manager(tmp_path, keep=2, best=True)
     assert reopened.best_step() == 6
     reopened.close()
+
+
+def test_a_restart_reads_a_path_stored_as_typed_as_it_is_now(tmp_path, monkeypatch):
+    from gqa_jax import run_config
+    from gqa_jax.errors import RunError
+    from gqa_jax.training import workdir as workdir_lib
+
+    monkeypatch.chdir(tmp_path)
+    finetune = REPO / "configs" / "finetune.py"
+    config = run_config.load(finetune, ["--config.vocab=spm.model"])
+    run = tmp_path / "run"
+    run.mkdir()
+    stored = json.loads(json.dumps(config.to_dict(), default=str)) | {"vocab": "spm.model"}  # as typed
+    (run / "config.json").write_text(json.dumps(stored))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    workdir_lib.check_workdir(run, config)  # the same command from the same directory: no change
+    with pytest.raises(RunError, match="different config"):
+        workdir_lib.check_workdir(run, run_config.load(finetune, ["--config.vocab=b.model"]))

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gqa_jax import shipped
+from gqa_jax import paths, shipped
 
 STAGES = ("pretrain", "convert", "uptrain", "finetune", "evaluate", "time")
 TRAIN_STAGES = ("pretrain", "uptrain", "finetune")
@@ -148,11 +148,10 @@ def resolve_path(key: str, value: Any) -> Any:
     ``t5_*``, ``vocab``, ``init_from``, ``source``, ``src``, ``model``, ``root``, a task file), or
     any value that starts with ``~``, ``./`` or ``../`` or names a file or folder here. URLs
     (``gs://``) and run references (``{run:NAME}``) stay as they are."""
-    if not isinstance(value, str) or not value or "://" in value or RUN_REF.search(value):
+    if not isinstance(value, str) or RUN_REF.search(value):
         return value
     path_key = key.endswith("_dir") or key.startswith("t5_") or key in PATH_KEYS or value.endswith(".py")
-    named = value.startswith(("~", "./", "../")) or Path(value).exists()
-    return str(Path(value).expanduser().absolute()) if path_key or named else value
+    return paths.absolute(value, is_path=path_key)
 
 
 def load_sweep(path: str | Path, sets: Sequence[str] = ()) -> Sweep:

@@ -33,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from gqa_jax import checkpoints, paths
+from gqa_jax import checkpoints, paths, run_config
 from gqa_jax.errors import RunError
 from gqa_jax.log import log
 from gqa_jax.training.state import TrainState
@@ -118,7 +118,8 @@ def check_workdir(workdir: Any, config: Any) -> None:
     holds_work = earlier_work(workdir) or (ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir()))
     if not holds_work:
         return
-    stored = _flat(_read_config(stored_file))
+    raw = _read_config(stored_file)
+    stored = _flat(raw) | run_config.path_values(raw)  # a path stored as typed reads as it is now
     new = _flat(json.loads(json.dumps(config_dict(config), default=str)))
     diff = sorted(
         k for k in set(stored) | set(new) if stored.get(k) != new.get(k) and k not in RESTART_MAY_CHANGE

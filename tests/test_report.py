@@ -14,7 +14,7 @@ import pytest
 from gqa_jax.experiments import claims as claims_lib
 from gqa_jax.experiments import report, stats
 from gqa_jax.experiments.parts import fig3
-from gqa_jax.experiments.sweep import Run, Sweep, load_sweep
+from gqa_jax.experiments.sweep import Run, Sweep, command, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -41,8 +41,9 @@ def write_run(root: Path, run: Run, value: float | None = None, status: str = "d
     """ROOT/<name>/ as the runner and the stage leave it: run.json, and the stage's number file."""
     d = root / run.name
     d.mkdir(parents=True, exist_ok=True)
-    info = {"name": run.name, "stage": run.stage, "command": ["python", "-m", "gqa_jax", run.stage],
-            "tags": dict(run.tags), "status": status, "seconds": 1.0, "finished": "2026-01-01"}  # fmt: skip
+    info = {"name": run.name, "stage": run.stage, "command": ["python", "-m", "gqa_jax", *command(run, root)],
+            "root": str(root), "tags": dict(run.tags), "status": status, "seconds": 1.0,
+            "finished": "2026-01-01"}  # fmt: skip
     (d / "run.json").write_text(json.dumps(info))
     if status != "done" or value is None:
         return
@@ -298,7 +299,8 @@ def test_a_sweep_file_through_load_sweep_and_the_command(tmp_path, capsys):
     root = fake_root(tmp_path / "root", sweep, {"eval_MHA_s0": 12.0, "eval_GQA-2_s0": 11.0, "time_MHA": 0.02})
     p = options.Parser(prog="report")
     cli_report.add_args(p)
-    args = p.parse_args([str(file), "--root", str(root), "--out", str(tmp_path / "out"), "--set", "seeds=1"])
+    sets = ["--set", "seeds=1", "--set", "batch_size=8"]
+    args = p.parse_args([str(file), "--root", str(root), "--out", str(tmp_path / "out"), *sets])
     assert cli_report.run(args) == 0
     out = capsys.readouterr().out
     assert (
@@ -307,6 +309,18 @@ def test_a_sweep_file_through_load_sweep_and_the_command(tmp_path, capsys):
     assert (tmp_path / "out" / "fig3.png").is_file()
     with pytest.raises(ValueError, match=r"run the sweep first"):
         cli_report.run(p.parse_args([str(file), "--root", str(tmp_path / "empty")]))
+    # what sweep refuses, report refuses: runs made with other --set (a partial redo alike), or a
+    # root that holds only another setting's runs; nothing is written
+    with pytest.raises(ValueError, match=r"^6 run\(s\) under .* another command .* no report was written$"):
+        cli_report.run(
+            p.parse_args([str(file), "--root", str(root), "--out", str(tmp_path / "o2"), "--set", "seeds=1"])
+        )
+    other = tmp_path / "other"
+    (other / "pretrain_x").mkdir(parents=True)
+    (other / "pretrain_x" / "run.json").write_text(json.dumps({"status": "done"}))
+    with pytest.raises(ValueError, match=r"none of the 6 runs .* holds 1 other run\(s\) \(pretrain_x\)"):
+        cli_report.run(p.parse_args([str(file), "--root", str(other), "--out", str(tmp_path / "o3"), *sets]))
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
 def test_an_empty_root_is_a_clear_error(tmp_path):
@@ -694,3 +708,17 @@ def test_the_fig4_section_prints_the_ranking(tmp_path):
     first = "| 1 | mean 44.50 ± 0.71, n=2 | baseline | mean 80.00 | baseline | mean 62.25, n=1 of 2 |"
     assert first + " baseline |" in md
     assert "| 2 | first 42.50 ± 0.71, n=2 | worse, beyond the spread | first 78.00 | worse (one seed" in md
+
+
+@pytest.mark.parametrize("name,file", [("eval_MHA_s0", "results.json"), ("time_MHA", "timing.json")])
+def test_a_done_run_whose_output_is_gone_or_unreadable_is_named(name, file, tmp_path):
+    runs = (Run("eval_MHA_s0", "evaluate", {}, (), {"model": "MHA", "task": "docsum", "seed": 0}),
+            Run("time_MHA", "time", {}, (), {"model": "MHA"}))  # fmt: skip
+    sweep = Sweep("table1", runs, {"tasks": [["docsum", "DocSum R1", "ROUGE-1"]], "rows": {}})
+    root = fake_root(tmp_path / "root", sweep, {"eval_MHA_s0": 12.0, "time_MHA": 0.02})
+    (root / name / file).write_text("{trunc")
+    with pytest.raises(ValueError, match=f"{root / name / file} cannot be read|{root / name / file}"):
+        report.write_report(sweep, root)
+    (root / name / file).unlink()
+    with pytest.raises(ValueError, match=f"{root / name / file} is missing, though its run is done"):
+        report.write_report(sweep, root)

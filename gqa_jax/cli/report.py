@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from gqa_jax.experiments import report, sweep
 
     s = sweep.load_sweep(args.sweep_file, args.sets)
+    report.check_runs(s, args.root)
     written = report.write_report(s, args.root, args.out)
     print(written["report.md"].read_text(), end="")
     print()

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gqa_jax.experiments import runner
 from gqa_jax.experiments.parts import md
 from gqa_jax.experiments.parts.base import CSV_COLUMNS, Context, CsvRow, Part
 from gqa_jax.experiments.parts.records import Record, collect, eval_losses, read_run
@@ -91,6 +92,34 @@ def draw(numbers: Numbers, out: str | Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     drawn = {p.name: p.figure(numbers.results[p.name], out / f"{p.name}.png") for p in numbers.parts}
     return {name: path for name, path in drawn.items() if path is not None}
+
+
+def check_runs(sweep: Sweep, root: str | Path) -> None:
+    """What ``sweep`` checks before it runs, before a report is written: a run under ``root`` made
+    by another command than ``sweep`` gives now (another ``--set``, sweep file or scale, a partial
+    redo), or a root whose runs are all another sweep's, is one ValueError naming them; a report
+    never mixes settings, nor replaces one with another setting's empty cells."""
+    root = Path(root)
+    changed = runner.changed_runs(sweep.runs, root)
+    if changed:
+        listed = "; ".join(f"{n}: {why}" for n, why in list(changed.items())[:3])
+        more = f"; and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise ValueError(
+            f"{len(changed)} run(s) under {root} were made by another command than sweep {sweep.name} "
+            f"gives with these --set ({listed}{more}): give the --set they were made with, or rerun them "
+            "with `sweep ... --redo-changed`; no report was written"
+        )
+    begun = [r.name for r in sweep.runs if runner.status(root, r.name) is not None]
+    names = {r.name for r in sweep.runs}
+    made = [d.name for d in root.glob("*/") if (d / runner.RUN_FILE).is_file()]
+    others = sorted(n for n in made if n not in names)
+    if not begun and others:
+        listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(
+            f"none of the {len(names)} runs of sweep {sweep.name} with these --set is under {root}, which "
+            f"holds {len(others)} other run(s) ({listed}): give the sweep file and --set they were made "
+            "with; no report was written"
+        )
 
 
 def write_report(

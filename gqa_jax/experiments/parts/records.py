@@ -147,9 +147,22 @@ FLOOR_NOTE = (
 )  # the captions of the parts that show ``TimingRecord.read_once_floor``
 
 
+REDO = "rerun the sweep, which redoes that run"
+
+
+def _results(path: Path) -> dict[str, Any]:
+    """A done evaluate run's results.json; a missing or unreadable one is a ValueError naming it
+    (``sweep`` redoes such a run)."""
+    found = _json(path)
+    if not isinstance(found, dict):
+        why = "is missing" if not path.exists() else "cannot be read as a JSON object"
+        raise ValueError(f"{path} {why}, though its run is done: {REDO}")
+    return found
+
+
 def read_run(root: Path, run: Run) -> Record:
-    """A run's record: its status, and a done run's numbers (a time run's timing.json checked:
-    ValueError naming the file and the field)."""
+    """A run's record: its status, and a done run's numbers (an evaluate run's results.json and a
+    time run's timing.json checked: ValueError naming the file, and the field)."""
     d = root / run.name
     info = _json(d / "run.json")
     if info is None:
@@ -157,7 +170,10 @@ def read_run(root: Path, run: Run) -> Record:
     status = str(info.get("status", "unknown"))
     if status != "done":
         return Record(run, status)
-    results = _json(d / "results.json") or {}
+    results = _results(d / "results.json") if run.stage == "evaluate" else {}
+    timing = timing_lib.read(d / TIMING_FILE)
+    if timing is None and run.stage == "time":
+        raise ValueError(f"{d / TIMING_FILE} is missing, though its run is done: {REDO}")
     start, last = eval_losses(d / "metrics.jsonl")
     return Record(
         run,
@@ -166,7 +182,7 @@ def read_run(root: Path, run: Run) -> Record:
         dev_loss=_finite(results.get("loss")),
         loss=last,
         start_loss=start,
-        timing=timing_lib.read(d / TIMING_FILE),
+        timing=timing,
     )
 
 

@@ -184,6 +184,18 @@ def test_a_run_that_exits_0_without_its_outputs_failed(tmp_path, monkeypatch):
     assert "[1/1] u (time): FAILED (exit 0) after 0 s: exit 0, but timing.json is missing" in lines
 
 
+def test_a_run_a_signal_killed_says_which(tmp_path, monkeypatch):
+    root, lines = tmp_path / "root", []
+    code = "import os, signal; print('compiling ...', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    monkeypatch.setattr(
+        scheduler,
+        "_popen",
+        lambda argv, log_file, env: subprocess.Popen([sys.executable, "-c", code], stdout=log_file),
+    )
+    assert runner.run_sweep(chain(), root, only="u", log=lines.append) == 1
+    assert "[1/1] u (time): FAILED (killed by SIGKILL) after 0 s: compiling ..." in lines
+
+
 def test_the_error_line_is_the_clis_else_the_raised_exception_else_the_last_line():
     cli = "python -m gqa_jax train: error: workdir x is in use"
     assert (

@@ -375,7 +375,7 @@ class Scheduler:
                      log=str(self.root / r.name / LOG_FILE))  # fmt: skip
         self.stopped.append(r.name)
         again = "resumes it from its last checkpoint" if r.stage in TRAIN_STAGES else "redoes it"
-        self.log(f"{child.head}: stopped (exit {rc}) after {took:.0f} s, not done; a rerun {again}")
+        self.log(f"{child.head}: stopped ({_exit(rc)}) after {took:.0f} s, not done; a rerun {again}")
 
     def _record_failed(self, child: _Child, took: float, rc: int, error: str | None) -> None:
         r = child.run
@@ -384,13 +384,23 @@ class Scheduler:
         error = error or outputs.error_line(_read_from(log_path, child.offset)) or "(the log says nothing)"
         write_status(self.root, r, child.argv, "failed", started=child.started, seconds=took, returncode=rc,
                      log=str(log_path), error=error)  # fmt: skip
-        self.log(f"{child.head}: FAILED (exit {rc}) after {took:.0f} s: {error}")
+        self.log(f"{child.head}: FAILED ({_exit(rc)}) after {took:.0f} s: {error}")
         self.log(f"  command: {shlex.join(child.argv)}\n  log: {log_path}")
         for d in r.deps:
             why = outputs.problem(self.root / d, self.setup.outputs.get(d, ()))
             if why:
                 self.log(f"  its dependency {d} is recorded done, but its {why}: the next run of the sweep "
                          f"redoes {d} first")  # fmt: skip
+
+
+def _exit(rc: int) -> str:
+    """``exit 2``, or ``killed by SIGKILL`` for a child a signal ended (a negative return code)."""
+    if rc >= 0:
+        return f"exit {rc}"
+    try:
+        return f"killed by {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"killed by signal {-rc}"
 
 
 def _read_from(file: Path, offset: int, limit: int = 65536) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from gqa_jax.cli import options
 
@@ -35,5 +36,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--launcher tpu needs --tpu NAME and --zone ZONE")
     tpu = ("--tpu", args.tpu, "--zone", args.zone) if args.launcher == "tpu" else ()
     s = sweep.load_sweep(args.sweep_file, args.sets)
-    return runner.run_sweep(s, args.root, only=args.only, dry_run=args.dry_run, launcher=args.launcher,
-                            tpu=tpu, jobs=args.jobs, redo_changed=args.redo_changed, log=log)  # fmt: skip
+    rc = runner.run_sweep(s, args.root, only=args.only, dry_run=args.dry_run, launcher=args.launcher,
+                          tpu=tpu, jobs=args.jobs, redo_changed=args.redo_changed, log=log)  # fmt: skip
+    if rc > 128:  # stopped by a signal, and said so: a late Ctrl-C while the process exits says nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return rc

@@ -1,26 +1,31 @@
 """Run a sweep: every run's command in dependency order, locally (one after another, or ``jobs``
 at a time) or through ``scripts/launch_tpu.sh`` on every worker of a TPU VM pod.
 
-Locally each run is a ``python -m gqa_jax ...`` subprocess writing ``ROOT/<name>/log.txt``; on exit
-0 the runner writes ``ROOT/<name>/run.json`` with status ``done``. A rerun skips done runs and
-starts the others again: an interrupted training run resumes from its checkpoints (its own
-command does that), an interrupted convert / evaluate / time run is redone in its own directory.
-A done run whose command the sweep now gives otherwise (``changed_runs``: a changed ``--set``,
-sweep file or data path; not another checkout, interpreter or place of the root), and every
-run begun after it, is an error unless ``redo_changed``: then they are moved aside and run again.
-A failed run stops its branch: every run that depends on it (directly or not) is not started, and
-the runner prints the failing command and its log; the other branches go on. Killing the runner
-kills the runs it is waiting for (a child gets SIGKILL when its parent dies, on Linux).
+One runner per root: ``ROOT/lock.json`` (``locks.RootLock``) is taken before anything under the
+root is read or written; a second runner is refused, naming the first. Each run runs as a
+``python -m gqa_jax ...`` child (``scheduler.Scheduler``) writing ``ROOT/<name>/log.txt``; on exit 0
+with its outputs there the runner writes ``ROOT/<name>/run.json`` with status ``done``. A rerun
+skips done runs and starts the others again: an interrupted training run resumes from its
+checkpoints (its own command does that), an interrupted convert / evaluate / time run is redone in
+its own directory. Before it starts anything a rerun looks at what is there (``_plan``):
 
-With ``jobs > 1`` a run starts as soon as its dependencies are done, in the sweep's order; a
-``time`` run never shares the machine (nothing else runs while it does). Local runs share JAX's
-persistent compilation cache in ``ROOT/jax_cache`` (unless ``JAX_COMPILATION_CACHE_DIR`` is set), so
-a run that compiles what an earlier one did starts sooner (docs/experiments.md).
+- a done run whose outputs are missing or unreadable (``outputs.broken``) is redone, the
+  unreadable output moved aside first, and every run begun after it is moved aside and run again;
+- a done run whose command the sweep now gives otherwise (``changed_runs``: a changed ``--set``,
+  sweep file or data path; not another checkout, interpreter or place of the root), a run one of
+  whose dependencies finished after it started, and every run begun after one of them, is an
+  error unless ``redo_changed``: then they are moved aside and run again.
+
+A failed run stops its branch: every run that depends on it (directly or not) is not started, and
+the runner prints its last error line, its command and its log; the other branches go on. SIGINT
+/ SIGTERM stop the runs cleanly (``scheduler.Interrupts``). With ``jobs > 1`` a run starts as soon as
+its dependencies are done, in the sweep's order; a ``time`` run never shares the machine: nothing
+else of this runner runs while it does, nor of another runner on this machine (``locks.TimeGate``).
+Local runs share JAX's persistent compilation cache in ``ROOT/jax_cache`` (docs/experiments.md).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import datetime
 import json
@@ -28,39 +33,15 @@ import os
 import re
 import shlex
 import signal
-import subprocess
-import sys
-import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from gqa_jax import paths, shipped
-from gqa_jax.experiments.sweep import STAGES, Run, Sweep, command, order
+from gqa_jax import paths
+from gqa_jax.experiments import locks, outputs, scheduler
+from gqa_jax.experiments.scheduler import status
+from gqa_jax.experiments.sweep import Run, Sweep, command, order
 
-RUN_FILE = "run.json"
-LOG_FILE = "log.txt"
 LAUNCHERS = ("local", "tpu")
-EXCLUSIVE = ("time",)  # stages that run alone: their clock must not share the machine
-
-
-def exclusive(run: Run) -> bool:
-    """Whether ``run`` must run alone: a timed run (its clock must not share the machine); a
-    predicted one (``time --predict``) only compiles and shares it like any other run."""
-    return run.stage in EXCLUSIVE and not run.args.get("predict")
-
-
-CACHE_DIR = "jax_cache"  # ROOT/jax_cache: the runs' compilation cache (local launcher)
-
-
-def status(root: Path, name: str) -> str | None:
-    """A run's recorded status (``done`` / ``failed`` / ``running``), None when never started."""
-    file = root / name / RUN_FILE
-    try:
-        return json.loads(file.read_text()).get("status")
-    except (OSError, ValueError):
-        return None
 
 
 _CONFIG_DIR = re.compile(r"^[^:]*/configs/(?=[^/:]+\.py(?::|$))")  # a checkout's configs/, wherever it is
@@ -90,140 +71,58 @@ def _difference(old: Sequence[str], new: Sequence[str]) -> str:
 
 def changed_runs(runs: Sequence[Run], root: Path) -> dict[str, str]:
     """The done runs whose recorded command is not the one the sweep gives now (a changed
-    ``--set``, sweep file or data path), each with what changed, and the runs begun (done or not)
-    that depend on one of them: their inputs changed, and skipping or resuming them would mix
-    settings in one report."""
+    ``--set``, sweep file or data path), each with what changed; the begun runs one of whose
+    dependencies finished after they started (``outputs.newer_dependencies``: they ran on its
+    older output); and the runs begun (done or not) that depend on one of them: their inputs
+    changed, and skipping or resuming them would mix settings in one report."""
     changed: dict[str, str] = {}
+    newer = outputs.newer_dependencies(runs, root)
     for r in runs:
-        state = status(root, r.name)
+        record = outputs.record(root, r.name)
+        state = record.get("status")
         if state is None:  # not begun
             continue
-        try:
-            record = json.loads((root / r.name / RUN_FILE).read_text())
-        except (OSError, ValueError):
-            record = {}
         recorded, now = record.get("command"), _portable(command(r, root), str(root))
         if state == "done" and isinstance(recorded, list):
             before = _portable(recorded, record.get("root"))
             if before != now:
                 changed[r.name] = _difference(before, now)
                 continue
-        if upstream := [d for d in r.deps if d in changed]:
+        if r.name in newer:
+            changed[r.name] = newer[r.name]
+        elif upstream := [d for d in r.deps if d in changed]:
             changed[r.name] = f"it depends on {upstream[0]}, which changed"
     return changed
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What a rerun finds under the root before it starts anything (each run with why)."""
+
+    changed: dict[str, str]  # another command, or run on an older dependency: redone when asked
+    broken: dict[str, str]  # done, its outputs missing or unreadable: redone in its directory
+    redo: dict[str, str]  # begun after a broken run, on its output: moved aside and run again
+
+
+def _plan(runs: Sequence[Run], root: Path, needed: Mapping[str, Sequence[str]]) -> _Plan:
+    broken = outputs.broken(runs, root, needed)
+    redo: dict[str, str] = {}
+    for r in runs:
+        if r.name not in broken and status(root, r.name) is not None:
+            if upstream := [d for d in r.deps if d in broken or d in redo]:
+                redo[r.name] = f"it depends on {upstream[0]}, which is redone"
+    return _Plan(changed_runs(runs, root), broken, redo)
 
 
 def _refuse_changed(changed: Mapping[str, str], root: Path) -> None:
     listed = "; ".join(f"{n}: {why}" for n, why in list(changed.items())[:3])
     more = f"; and {len(changed) - 3} more (--dry-run lists them)" if len(changed) > 3 else ""
     raise ValueError(
-        f"{len(changed)} run(s) under {root} were made by another command than the sweep gives now "
-        f"({listed}{more}): rerun with --redo-changed to run them again (their directories are moved "
-        "aside to <name>.changed-<time>, nothing is deleted), or give another --root"
+        f"{len(changed)} run(s) under {root} were made by another command than the sweep gives now, or on "
+        f"an older output of a dependency ({listed}{more}): rerun with --redo-changed to run them again "
+        "(their directories are moved aside to <name>.changed-<time>, nothing is deleted), or give "
+        "another --root"
     )
-
-
-def full_command(run: Run, root: Path, launcher: str = "local", tpu: Sequence[str] = ()) -> list[str]:
-    """The complete argv of ``run``: ``python -m gqa_jax ...`` locally; on a TPU pod the same
-    command behind ``scripts/launch_tpu.sh [TPU OPTIONS] --``."""
-    argv = [sys.executable if launcher == "local" else "python", "-m", "gqa_jax", *command(run, root)]
-    if launcher == "tpu":
-        return [str(shipped.folder("scripts") / "launch_tpu.sh"), *tpu, "--", *argv]
-    return argv
-
-
-def _write_status(root: Path, run: Run, argv: list[str], state: str, **fields: Any) -> None:
-    directory = root / run.name
-    directory.mkdir(parents=True, exist_ok=True)
-    record = {"name": run.name, "stage": run.stage, "command": argv, "root": str(root),
-              "tags": dict(run.tags), "status": state, **fields}  # fmt: skip
-    paths.write_text_atomic(directory / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
-
-
-def _libc_prctl() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _libc_prctl()  # looked up here: between fork and exec the child only makes the call
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the runner dies (Linux prctl PR_SET_PDEATHSIG)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)
-
-
-def _popen(argv: list[str], log_file: Any, env: dict[str, str]) -> subprocess.Popen:
-    with warnings.catch_warnings():
-        # JAX warns about any fork in a process that imported it; the child execs at once and
-        # calls nothing before (``_die_with_parent``: one prctl through a pointer looked up here).
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-        return subprocess.Popen(
-            argv,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=shipped.checkout(),
-            env=env,
-            preexec_fn=_die_with_parent,
-        )
-
-
-def stage_progress(runs: Sequence[Run], done: set[str]) -> str:
-    """``"pretrain 2/2, uptrain 9/9, finetune 5/27"``: the runs done of each stage, in the
-    pipeline's order, for the stages the selection has."""
-    parts = []
-    for stage in STAGES:
-        names = [r.name for r in runs if r.stage == stage]
-        if names:
-            parts.append(f"{stage} {sum(n in done for n in names)}/{len(names)}")
-    return ", ".join(parts)
-
-
-def eta(
-    stage_seconds: Mapping[str, Sequence[float]], left: Sequence[tuple[Run, float]], jobs: int = 1
-) -> str:
-    """The progress line's ETA: each run ``left`` (with the seconds it has run so far, 0 when not
-    started) costs the mean time of the done runs of its stage, less what it has run; runs that
-    share the machine divide by ``jobs``, a ``time`` run (it runs alone) does not. Runs of a stage
-    none of whose runs is done yet are counted, never guessed from another stage's runs (a
-    pre-training run takes minutes where an evaluate run takes seconds)."""
-    total, timed, untimed = 0.0, 0, {}
-    for r, elapsed in left:
-        seen = stage_seconds.get(r.stage)
-        if seen:
-            share = 1 if exclusive(r) else jobs
-            total += max(0.0, sum(seen) / len(seen) - elapsed) / share
-            timed += 1
-        else:
-            untimed[r.stage] = untimed.get(r.stage, 0) + 1
-    text = f", ETA {total / 60:.1f} min for {timed} more" if timed else ""
-    if untimed:
-        counts = ", ".join(f"{untimed[s]} {s}" for s in STAGES if s in untimed)
-        text += f"{',' if timed else ';'} {counts} not timed yet"
-    return text
-
-
-def recorded_seconds(root: Path, name: str) -> float | None:
-    """How long a done run took, from its ``run.json`` (None when not recorded)."""
-    try:
-        seconds = json.loads((root / name / RUN_FILE).read_text()).get("seconds")
-    except (OSError, ValueError):
-        return None
-    return float(seconds) if isinstance(seconds, (int, float)) else None
-
-
-def child_env(root: Path, launcher: str) -> dict[str, str]:
-    """The runs' environment: ours, plus (locally) JAX's persistent compilation cache in
-    ``ROOT/jax_cache`` unless ``JAX_COMPILATION_CACHE_DIR`` is set: seeds of a run compile the
-    same programs, and the cache compiles them once."""
-    env = dict(os.environ)
-    if launcher == "local" and not env.get("JAX_COMPILATION_CACHE_DIR"):
-        env["JAX_COMPILATION_CACHE_DIR"] = str(root / CACHE_DIR)
-        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-    return env
 
 
 def run_sweep(
@@ -240,35 +139,75 @@ def run_sweep(
     out: Callable[[str], None] = print,
 ) -> int:
     """Run (or with ``dry_run`` print) ``sweep``'s runs under ``root``; returns 0 when every
-    selected run is done, 1 when one failed or was blocked by a failure.
+    selected run is done, 1 when one failed or was blocked by a failure, 128 + the signal's
+    number when SIGINT / SIGTERM stopped it.
 
     ``jobs``: how many runs at once (local launcher; a run starts when its dependencies are
     done, in the sweep's order). A ``time`` run always runs alone: nothing starts beside it, and
     it starts when nothing else runs, so its clock measures decoding only (a predicted one,
-    ``time --predict``, runs nothing and is not held apart)."""
+    ``time --predict``, runs nothing and is not held apart). A dry run takes no lock and writes
+    nothing; it says when another runner holds the root."""
     _check_launch(launcher, jobs)
-    root = paths.local(root, "sweep root", "a sweep keeps its runs' status and logs on this machine's disk")
+    where = paths.local(root, "sweep root", "a sweep keeps its runs' status and logs on this machine's disk")
+    root = Path(os.fspath(where))
     if root.exists() and not root.is_dir():
         raise ValueError(f"--root {root} is a file, not a directory")
     runs = order(sweep, only)
-    changed = changed_runs(runs, root)
+    needed = outputs.needed(sweep.runs)
     if dry_run:
-        _print_commands(runs, root, changed, launcher, tpu, out)
+        if holder := locks.held_by(root):
+            log(f"sweep root {root} is in use by another runner: {holder}; the runs as they are now:")
+        _print_commands(runs, root, _plan(runs, root, needed), launcher, tpu, out)
         return 0
-    if changed and not redo_changed:
-        _refuse_changed(changed, root)
-    _set_aside(changed, root, log)
-    scheduler = _Scheduler(runs, root, launcher, tpu, jobs, log)
-    scheduler.run()
-    if scheduler.failed:
-        roots = sorted(set(scheduler.failed.values()))
-        log(
-            f"sweep {sweep.name}: {len(scheduler.failed)} run(s) not done because of {', '.join(roots)}; "
-            "fix and rerun"
-        )
+    lock = locks.RootLock.acquire(root, log)
+    try:
+        with scheduler.Interrupts() as stops:
+            return _run(sweep, runs, root, needed, stops, launcher, tpu, jobs, redo_changed, log)
+    finally:
+        lock.release()
+
+
+def _run(sweep: Sweep, runs: Sequence[Run], root: Path, needed: Mapping[str, Sequence[str]],
+         stops: scheduler.Interrupts, launcher: str, tpu: Sequence[str], jobs: int, redo_changed: bool,
+         log: Callable[[str], None]) -> int:  # fmt: skip
+    """``run_sweep`` once the root is locked: check and set aside, run, say how it ended."""
+    plan = _plan(runs, root, needed)
+    refused = {n: why for n, why in plan.changed.items() if n not in plan.redo}
+    if refused and not redo_changed:
+        _refuse_changed(refused, root)
+    _set_aside(plan, root, needed, redo_changed, log)
+    done = {r.name for r in runs if status(root, r.name) == "done"}
+    gate = _time_gate(log) if launcher == "local" else None
+    try:
+        setup = scheduler.Setup(launcher, tpu, jobs, done, needed, stops, gate, log)
+        ran = scheduler.Scheduler(runs, root, setup)
+        ran.run()
+    finally:
+        if gate:
+            gate.close()
+    if stops.signum:
+        name, listed = signal.Signals(stops.signum).name, ", ".join(ran.stopped)
+        stopped = f"{len(ran.stopped)} run(s) stopped before done" + (f" ({listed})" if listed else "")
+        log(f"sweep {sweep.name}: stopped by {name}; {stopped}; what is done is kept: rerun the same "
+            "command to go on")  # fmt: skip
+        return 128 + stops.signum
+    if ran.failed:
+        roots = sorted(set(ran.failed.values()))
+        log(f"sweep {sweep.name}: {len(ran.failed)} run(s) not done because of {', '.join(roots)}; "
+            "fix and rerun")  # fmt: skip
         return 1
     log(f"sweep {sweep.name}: every selected run is done ({len(runs)})")
     return 0
+
+
+def _time_gate(log: Callable[[str], None]) -> locks.TimeGate | None:
+    """This machine's time lock; None (said once) where its directory cannot be written."""
+    try:
+        return locks.TimeGate()
+    except OSError as e:
+        log(f"no time lock shared with this machine's other runners ({e}): a time run is held apart from "
+            "this runner's runs only")  # fmt: skip
+        return None
 
 
 def _check_launch(launcher: str, jobs: int) -> None:
@@ -283,153 +222,54 @@ def _check_launch(launcher: str, jobs: int) -> None:
 def _print_commands(
     runs: Sequence[Run],
     root: Path,
-    changed: Mapping[str, str],
+    plan: _Plan,
     launcher: str,
     tpu: Sequence[str],
     out: Callable[[str], None],
 ) -> None:
-    """The dry run: each run's command, marked ``# done`` and ``changed (why)`` where it is."""
+    """The dry run: each run's command, marked ``# done``, ``redo (why)`` and ``changed (why)``."""
     for r in runs:
         notes = ["done"] if status(root, r.name) == "done" else []
-        notes += [f"changed ({changed[r.name]})"] if r.name in changed else []
+        redo = plan.broken.get(r.name) or plan.redo.get(r.name)
+        notes += [f"redo ({redo})"] if redo else []
+        notes += [f"changed ({plan.changed[r.name]})"] if r.name in plan.changed else []
         mark = "  # " + ", ".join(notes) if notes else ""
-        out(shlex.join(full_command(r, root, launcher, tpu)) + mark)
+        out(shlex.join(scheduler.full_command(r, root, launcher, tpu)) + mark)
 
 
-def _set_aside(changed: Mapping[str, str], root: Path, log: Callable[[str], None]) -> None:
-    """``--redo-changed``: each changed run's directory moved to ``<name>.changed-<time>``, never
-    deleted, so that the run starts again."""
+def _set_aside(plan: _Plan, root: Path, needed: Mapping[str, Sequence[str]], redo_changed: bool,
+               log: Callable[[str], None]) -> None:  # fmt: skip
+    """Make the runs to redo start again, deleting nothing: a changed run's directory (with
+    ``redo_changed``) moved to ``<name>.changed-<time>``, a run begun on a broken run's output to
+    ``<name>.redo-<time>``; a broken run keeps its directory (a train run resumes from its
+    checkpoints and exports again), its unreadable outputs moved to ``<output>.unreadable-<time>``."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for name, why in changed.items():
+    moved = set()
+    for name, why in plan.changed.items() if redo_changed else ():
         aside = root / f"{name}.changed-{stamp}"
         (root / name).rename(aside)
-        log(f"{name}: made with another command ({why}); moved to {aside} to run again")
+        moved.add(name)
+        log(f"{name}: changed ({why}); moved to {aside} to run again")
+    for name, why in plan.redo.items():
+        if name not in moved:
+            aside = root / f"{name}.redo-{stamp}"
+            (root / name).rename(aside)
+            log(f"{name}: {why}; moved to {aside} to run again")
+    for name, why in plan.broken.items():
+        if name not in moved:
+            _redo_in_place(root / name, needed.get(name, ()), why, stamp, log)
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-@dataclasses.dataclass
-class _Child:
-    """A run the runner started and has not seen end."""
-
-    run: Run
-    head: str  # "[i/n] name (stage)": the run in the runner's log lines
-    argv: list[str]
-    proc: subprocess.Popen
-    log_file: Any  # ROOT/<name>/log.txt, open for the child's output
-    t0: float  # time.time() when it started
-    started: str  # the same, as run.json records it
-
-
-class _Scheduler:
-    """Starts ``runs`` in the sweep's order as their dependencies are done (at most ``jobs`` at
-    once; a timed run alone), polls them, and records each one's end in its run.json and the log."""
-
-    def __init__(
-        self,
-        runs: Sequence[Run],
-        root: Path,
-        launcher: str,
-        tpu: Sequence[str],
-        jobs: int,
-        log: Callable[[str], None],
-    ):
-        self.runs, self.root, self.jobs, self.log = runs, root, jobs, log
-        self.launcher, self.tpu = launcher, tpu
-        self.env = child_env(root, launcher)
-        self.failed: dict[str, str] = {}  # run -> the failed run that stops it
-        self.done = {r.name for r in runs if status(root, r.name) == "done"}
-        self.stage_seconds: dict[str, list[float]] = {}  # the done runs' times (those done before too)
-        for r in runs:
-            took = recorded_seconds(root, r.name) if r.name in self.done else None
-            if took is not None:
-                self.stage_seconds.setdefault(r.stage, []).append(took)
-        self.pending = list(enumerate(runs, 1))  # (its number in the sweep, run), in the sweep's order
-        self.running: dict[str, _Child] = {}
-
-    def run(self) -> None:
-        """Until every run has ended, been skipped or been blocked by a failure."""
-        while self.pending or self.running:
-            self._start_what_may()
-            if self.running:
-                self._wait()
-
-    def _head(self, i: int, r: Run) -> str:
-        return f"[{i}/{len(self.runs)}] {r.name} ({r.stage})"
-
-    def _start_what_may(self) -> None:
-        """Start what may start, in the sweep's order: skip done runs, stop blocked branches."""
-        for i, r in list(self.pending):
-            if len(self.running) >= self.jobs or any(exclusive(c.run) for c in self.running.values()):
-                break
-            if r.name in self.done:
-                self.pending.remove((i, r))
-                self.log(f"{self._head(i, r)}: done before, skipped")
-                continue
-            blocked = [self.failed[d] for d in r.deps if d in self.failed]
-            if blocked:
-                self.pending.remove((i, r))
-                self.failed[r.name] = blocked[0]
-                self.log(f"{self._head(i, r)}: not run, its dependency {blocked[0]} failed")
-                continue
-            unfinished = {x.name for _, x in self.pending} | set(self.running)
-            if any(d in unfinished for d in r.deps) or (exclusive(r) and self.running):
-                if self.jobs == 1 or exclusive(r):
-                    break  # keep the order: a time run waits for the runs before it
-                continue
-            self.pending.remove((i, r))
-            self._start(i, r)
-
-    def _start(self, i: int, r: Run) -> None:
-        argv = full_command(r, self.root, self.launcher, self.tpu)
-        (self.root / r.name).mkdir(parents=True, exist_ok=True)
-        log_path = self.root / r.name / LOG_FILE
-        started = _now()
-        _write_status(self.root, r, argv, "running", started=started)
-        self.log(f"{self._head(i, r)}: running ... (log {log_path})")
-        f = open(log_path, "a")
-        f.write(f"\n$ {shlex.join(argv)}\n")
-        f.flush()
-        proc = _popen(argv, f, self.env)
-        self.running[r.name] = _Child(r, self._head(i, r), argv, proc, f, time.time(), started)
-
-    def _wait(self) -> None:
-        """Wait until a running run ends, and finish every run that has."""
-        while True:
-            codes = {name: child.proc.poll() for name, child in self.running.items()}
-            ended = {name: rc for name, rc in codes.items() if rc is not None}
-            if ended:
-                for name, rc in ended.items():
-                    self._finish(self.running.pop(name), rc)
-                return
-            time.sleep(0.1)
-
-    def _finish(self, child: _Child, rc: int) -> None:
-        child.log_file.close()
-        took = time.time() - child.t0
-        if rc == 0:
-            self._record_done(child, took)
-        else:
-            self._record_failed(child, took, rc)
-
-    def _record_done(self, child: _Child, took: float) -> None:
-        r = child.run
-        self.stage_seconds.setdefault(r.stage, []).append(took)
-        self.done.add(r.name)
-        _write_status(self.root, r, child.argv, "done", started=child.started, seconds=took, finished=_now())
-        now = time.time()
-        left = [(x, 0.0) for _, x in self.pending if x.name not in self.done]
-        left += [(c.run, now - c.t0) for c in self.running.values()]
-        progress = stage_progress(self.runs, self.done) + eta(self.stage_seconds, left, self.jobs)
-        self.log(f"{child.head}: done in {took:.0f} s; {progress}")
-
-    def _record_failed(self, child: _Child, took: float, rc: int) -> None:
-        r = child.run
-        self.failed[r.name] = r.name
-        log_path = self.root / r.name / LOG_FILE
-        _write_status(self.root, r, child.argv, "failed", started=child.started, seconds=took, returncode=rc,
-                      log=str(log_path))  # fmt: skip
-        self.log(f"{child.head}: FAILED (exit {rc}) after {took:.0f} s")
-        self.log(f"  command: {shlex.join(child.argv)}\n  log: {log_path}")
+def _redo_in_place(directory: Path, needed: Sequence[str], why: str, stamp: str,
+                   log: Callable[[str], None]) -> None:  # fmt: skip
+    """A done run whose outputs are broken: those that exist moved aside, its run.json ``redo``."""
+    kept = []
+    for name in needed:
+        if outputs.problem(directory, [name]) and (directory / name).exists():
+            aside = directory / f"{name}.unreadable-{stamp}"
+            os.replace(directory / name, aside)
+            kept.append(str(aside))
+    record = outputs.record(directory.parent, directory.name) | {"status": "redo", "redo": why}
+    paths.write_text_atomic(directory / outputs.RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
+    moved = f" (kept as {', '.join(kept)})" if kept else ""
+    log(f"{directory.name}: done before, but its {why}{moved}: running it again")

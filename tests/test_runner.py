@@ -142,14 +142,13 @@ def test_a_done_run_whose_command_changed_is_refused_and_redone_only_when_asked(
     (root / "c" / "kept.txt").write_text("the old run's file")
     with pytest.raises(ValueError, match=r"3 run\(s\) under .* another command") as refused:
         runner.run_sweep(_changing_sweep(kv=1), root, log=lines.append)
-    assert "c: now 1, was 2" in str(refused.value) and "t: it depends on c, which changed" in str(
-        refused.value
-    )
+    why = str(refused.value)  # the flag with its values
+    assert "c: now --num-kv-heads 1, was --num-kv-heads 2" in why and "t: it depends on c, which changed" in why
     assert "--redo-changed" in str(refused.value) and not lines and (root / "c" / "kept.txt").is_file()
     printed = []
     runner.run_sweep(_changing_sweep(kv=1), root, dry_run=True, out=printed.append)
     assert [line.split("  # ")[-1] if "  # " in line else "" for line in printed] == [
-        "done, changed (now 1, was 2)",
+        "done, changed (now --num-kv-heads 1, was --num-kv-heads 2)",
         "done, changed (it depends on c, which changed)",
         "done",
         "changed (it depends on c, which changed)",
@@ -161,7 +160,7 @@ def test_a_done_run_whose_command_changed_is_refused_and_redone_only_when_asked(
     aside = sorted(p.name for p in root.iterdir() if ".changed-" in p.name)
     assert [n.split(".changed-")[0] for n in aside] == ["c", "t", "v"]
     assert (root / aside[0] / "kept.txt").read_text() == "the old run's file"
-    assert any("c: changed (now 1, was 2); moved to" in line for line in lines)
+    assert any("c: changed (now --num-kv-heads 1, was --num-kv-heads 2); moved to" in line for line in lines)
     assert "u (time): done before, skipped" in "\n".join(lines)
     assert not runner.changed_runs(runner.order(_changing_sweep(kv=1)), root)  # done now, as asked
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gqa_jax.experiments import runner
+from gqa_jax.experiments import outputs, runner, scheduler
 from gqa_jax.experiments.parts import md
 from gqa_jax.experiments.parts.base import CSV_COLUMNS, Context, CsvRow, Part
 from gqa_jax.experiments.parts.records import Record, collect, eval_losses, read_run
@@ -109,9 +109,9 @@ def check_runs(sweep: Sweep, root: str | Path) -> None:
             f"gives with these --set ({listed}{more}): give the --set they were made with, or rerun them "
             "with `sweep ... --redo-changed`; no report was written"
         )
-    begun = [r.name for r in sweep.runs if runner.status(root, r.name) is not None]
+    begun = [r.name for r in sweep.runs if scheduler.status(root, r.name) is not None]
     names = {r.name for r in sweep.runs}
-    made = [d.name for d in root.glob("*/") if (d / runner.RUN_FILE).is_file()]
+    made = [d.name for d in root.glob("*/") if (d / outputs.RUN_FILE).is_file()]
     others = sorted(n for n in made if n not in names)
     if not begun and others:
         listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")

@@ -60,8 +60,27 @@ def _portable(argv: Sequence[str], root: str | None) -> list[str]:
     return [a.replace(f"{root}/", "ROOT/") for a in argv] if root else argv
 
 
+def _items(argv: Sequence[str]) -> list[str]:
+    """An argv as its items: a flag with the value after it (``--examples 4``), or one word."""
+    items: list[str] = []
+    for a in argv:
+        if (
+            items
+            and items[-1].startswith("--")
+            and " " not in items[-1]
+            and "=" not in items[-1]
+            and (not a.startswith("--"))
+        ):
+            items[-1] += f" {a}"
+        else:
+            items.append(a)
+    return items
+
+
 def _difference(old: Sequence[str], new: Sequence[str]) -> str:
-    """What changed between two argvs, in words (the arguments only one of them has)."""
+    """What changed between two argvs, in words (the flags and values only one of them has:
+    ``now --examples 3, was --examples 4``)."""
+    old, new = _items(old), _items(new)
     gone, added = [a for a in old if a not in new], [a for a in new if a not in old]
     short = lambda a: a if len(a) <= 80 else a[:77] + "..."  # noqa: E731
     show = lambda args: " ".join(map(short, args[:3])) + (" ..." if len(args) > 3 else "")  # noqa: E731

@@ -84,7 +84,7 @@ def steps_of(workdir):
         ("model.num_kv_heads", 0, "config.model.num_kv_heads must be an integer >= 1"),
         ("model.remat", "most", "config.model.remat must be one of none, full"),
         ("input_length", "long", "config.input_length takes a value of type int"),  # a None default
-        ("init_from", "runs/x", "config.init_from='runs/x' does not apply to pre-training"),
+        ("init_from", "runs/x", "runs/x' does not apply to pre-training"),  # made absolute
     ],
 )
 def test_bad_config_values_are_one_line_and_write_nothing(

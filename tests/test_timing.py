@@ -158,5 +158,11 @@ def test_the_report_reads_a_time_run_through_the_record_and_names_a_bad_one(tmp_
     (d / "timing.json").write_text(json.dumps({**json.loads(text("measured.json")), "output_len": 0}))
     with pytest.raises(ValueError, match=r"time_x/timing.json: field 'output_len' must be an integer >= 1"):
         records.read_run(tmp_path, run)
-    (d / "timing.json").unlink()  # a done run without one (an evaluate run's): no time
-    assert records.read_run(tmp_path, run).timing is None
+    (d / "timing.json").unlink()  # a done time run without one: named (sweep redoes it)
+    with pytest.raises(ValueError, match=r"time_x/timing.json is missing, though its run is done"):
+        records.read_run(tmp_path, run)
+    other = Run("eval_x", "evaluate", {}, (), {})  # a run of another stage has none: no time
+    (tmp_path / other.name).mkdir()
+    (tmp_path / other.name / "run.json").write_text(json.dumps({"status": "done"}))
+    (tmp_path / other.name / "results.json").write_text(json.dumps({"primary": 1.0}))
+    assert records.read_run(tmp_path, other).timing is None

@@ -20,10 +20,9 @@ import tensorflow_datasets as tfds
 from flax import nnx
 
 from gqa_jax import __main__ as cli
-from gqa_jax import checkpoints, metric_writers
+from gqa_jax import checkpoints, file_lock, metric_writers
 from gqa_jax.config import preset
 from gqa_jax.model import T5
-from gqa_jax.training import lock as lock_lib
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = str(REPO / "configs" / "pretrain.py")
@@ -123,7 +122,7 @@ def test_empty_file_and_unwritable_workdirs_are_one_line(capsys, small_vocab, tm
     def denied(file, record):  # a read-only workdir (the tests may run as root, who may write anywhere)
         raise PermissionError(errno.EACCES, "Permission denied", str(file))
 
-    monkeypatch.setattr(lock_lib, "_create", denied)
+    monkeypatch.setattr(file_lock, "_create", denied)
     ro = tmp_path / "ro"
     ro.mkdir()
     (ro / "keep.txt").write_text("x")

@@ -33,7 +33,7 @@ def _holding(root: Path) -> subprocess.Popen:
     """Another runner: a process that holds ``root``'s lock until it is killed."""
     code = (
         "import sys, time; from pathlib import Path; from gqa_jax.experiments import locks; "
-        "locks.RootLock.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
+        "locks.lock_root(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"

@@ -1,11 +1,9 @@
 """The runner's two locks: one runner per sweep root, and a timed run alone on this machine.
 
-``RootLock``: ``ROOT/lock.json`` (the runner's host, pid, boot id, command, start time and a
-heartbeat it refreshes every ``HEARTBEAT_S`` seconds), created atomically (``O_EXCL``) before the
-runner reads or writes anything under the root. A second runner on the same root is refused with
-a line naming the holder. A lock is stale, and is taken over with a message, when its holder is
-gone: on this host, when its pid no longer runs (or the host has rebooted since); from another
-host, when its heartbeat is older than ``STALE_AFTER_S``.
+``lock_root``: ``ROOT/lock.json`` (``gqa_jax.file_lock``, as a train run locks its workdir: the
+holder's host, pid, boot id, command, start time and heartbeat), taken before the runner reads or
+writes anything under the root. A second runner on the same root is refused with a line naming
+the holder; a stale lock (its holder gone) is taken over with a message.
 
 ``TimeGate``: runners on this machine (on any roots) share a reader-writer lock, two
 ``flock`` files under the user's cache directory (``$XDG_CACHE_HOME/gqa_jax``, else
@@ -19,141 +17,36 @@ Processes that no runner started (a ``train`` by hand) are not covered.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import socket
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from gqa_jax.errors import RunError
-
-LOCK_FILE = "lock.json"
-HEARTBEAT_S = 60.0
-STALE_AFTER_S = 600.0
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _pid_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _read(file: Path) -> Any:
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def holder_text(holder: dict[str, Any]) -> str:
-    """``pid 123 on host (started 2024-05-01 12:00:00: python -m gqa_jax sweep ...)``."""
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
-    pid, host = holder.get("pid"), holder.get("host")
-    return f"pid {pid} on {host} (started {started}: {holder.get('command', '?')})"
-
-
-def _stale_reason(holder: Any) -> str | None:
-    """Why the lock ``holder`` (the parsed lock file) no longer holds, or None while it does."""
-    if not isinstance(holder, dict) or not {"host", "pid", "heartbeat"} <= set(holder):
-        return "the lock file is unreadable (its writer was killed while writing it)"
-    if holder["host"] == socket.gethostname():
-        if holder.get("boot_id") and holder["boot_id"] != _boot_id():
-            return "this host has rebooted since"
-        return None if _pid_runs(int(holder["pid"])) else f"pid {holder['pid']} no longer runs"
-    age = time.time() - float(holder["heartbeat"])
-    return f"its heartbeat is {age:.0f} s old" if age > STALE_AFTER_S else None
+from gqa_jax import file_lock
+from gqa_jax.file_lock import LOCK_FILE
 
 
 def held_by(root: Path) -> str | None:
-    """Who holds ``root``'s lock now (``holder_text``), None when nobody does (or a stale lock)."""
-    holder = _read(root / LOCK_FILE)
-    return holder_text(holder) if holder is not None and _stale_reason(holder) is None else None
+    """Who holds ``root``'s lock now (``file_lock.holder_text``), None when nobody does (or a stale
+    lock)."""
+    holder = file_lock.read(root / LOCK_FILE)
+    live = holder is not None and file_lock.stale_reason(holder) is None
+    return file_lock.holder_text(holder) if live else None
 
 
-class RootLock:
-    """A held ``ROOT/lock.json``; ``release()`` removes it (only while it is still this runner's)."""
-
-    def __init__(self, file: Path, record: dict[str, Any]) -> None:
-        self.file, self.record = file, record
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="gqa_jax-root-lock", daemon=True)
-        self._thread.start()
-
-    @classmethod
-    def acquire(cls, root: Path, log: Any = print) -> RootLock:
-        """Take ``root``'s lock (creating ``root``); a RunError naming the holder when it is held."""
-        root.mkdir(parents=True, exist_ok=True)
-        file, now = root / LOCK_FILE, time.time()
-        record = {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(),
-                  "command": " ".join(sys.argv), "started": now, "heartbeat": now}  # fmt: skip
-        for _ in range(3):
-            if _create(file, record):
-                return cls(file, record)
-            holder = _read(file)
-            if holder is None and time.time() - now < 2:
-                time.sleep(0.2)  # a lock being written right now: read it again
-                holder = _read(file)
-            why = _stale_reason(holder)
-            if why is None:
-                raise RunError(
-                    f"sweep root {root} is in use by another runner: {holder_text(holder)}; wait for it to "
-                    f"end or stop it (if that process is gone for good, delete {file})"
-                )
-            log(f"taking over the stale lock {file} ({why})")
-            aside = file.with_name(f"{file.name}.stale-{os.getpid()}")
-            try:
-                os.replace(file, aside)  # one of several runners that see the same stale lock moves it
-                aside.unlink()
-            except OSError:
-                pass
-        raise RunError(f"could not take the lock {file}: other runners keep taking it")
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                if _read(self.file) != self.record:
-                    return  # no longer ours (removed by hand): never write over someone else's
-                beat = self.record | {"heartbeat": time.time()}
-                tmp = self.file.with_name(f"{self.file.name}.tmp-{os.getpid()}")
-                tmp.write_text(json.dumps(beat) + "\n")
-                os.replace(tmp, self.file)
-                self.record = beat
-            except OSError:
-                continue  # a missed heartbeat; the next one tries again
-
-    def release(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        if _read(self.file) == self.record:
-            try:
-                self.file.unlink()
-            except OSError:  # left behind it is stale (its pid is gone): the next runner takes it over
-                pass
-
-
-def _create(file: Path, record: dict[str, Any]) -> bool:
-    """Create ``file`` holding ``record`` unless it exists; whether this call created it."""
-    try:
-        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(record) + "\n")
-    return True
+def lock_root(root: Path, log: Any = print) -> file_lock.Lock:
+    """Take ``root``'s lock (creating ``root``); a RunError naming the holder when it is held."""
+    root.mkdir(parents=True, exist_ok=True)
+    file = root / LOCK_FILE
+    return file_lock.acquire(
+        file,
+        lambda holder: (
+            f"sweep root {root} is in use by another runner: {holder}; wait for it to end or stop it (if "
+            f"that process is gone for good, delete {file})"
+        ),
+        "other runners keep taking it",
+        log,
+    )
 
 
 def time_lock_dir() -> Path:

@@ -102,12 +102,10 @@ def check_runs(sweep: Sweep, root: str | Path) -> None:
     root = Path(root)
     changed = runner.changed_runs(sweep.runs, root)
     if changed:
-        listed = "; ".join(f"{n}: {why}" for n, why in list(changed.items())[:3])
-        more = f"; and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise ValueError(
             f"{len(changed)} run(s) under {root} were made by another command than sweep {sweep.name} "
-            f"gives with these --set ({listed}{more}): give the --set they were made with, or rerun them "
-            "with `sweep ... --redo-changed`; no report was written"
+            f"gives with these --set ({runner.listed(changed)}): give the --set they were made with, or "
+            "rerun them with `sweep ... --redo-changed`; no report was written"
         )
     begun = [r.name for r in sweep.runs if scheduler.status(root, r.name) is not None]
     names = {r.name for r in sweep.runs}

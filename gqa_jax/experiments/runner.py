@@ -1,7 +1,7 @@
 """Run a sweep: every run's command in dependency order, locally (one after another, or ``jobs``
 at a time) or through ``scripts/launch_tpu.sh`` on every worker of a TPU VM pod.
 
-One runner per root: ``ROOT/lock.json`` (``locks.RootLock``) is taken before anything under the
+One runner per root: ``ROOT/lock.json`` (``locks.lock_root``) is taken before anything under the
 root is read or written; a second runner is refused, naming the first. Each run runs as a
 ``python -m gqa_jax ...`` child (``scheduler.Scheduler``) writing ``ROOT/<name>/log.txt``; on exit 0
 with its outputs there the runner writes ``ROOT/<name>/run.json`` with status ``done``. A rerun
@@ -133,12 +133,16 @@ def _plan(runs: Sequence[Run], root: Path, needed: Mapping[str, Sequence[str]]) 
     return _Plan(changed_runs(runs, root), broken, redo)
 
 
+def listed(changed: Mapping[str, str]) -> str:
+    """The first three changed runs with why, and how many more (``changed_runs``' result)."""
+    first = "; ".join(f"{n}: {why}" for n, why in list(changed.items())[:3])
+    return first + (f"; and {len(changed) - 3} more (--dry-run lists them)" if len(changed) > 3 else "")
+
+
 def _refuse_changed(changed: Mapping[str, str], root: Path) -> None:
-    listed = "; ".join(f"{n}: {why}" for n, why in list(changed.items())[:3])
-    more = f"; and {len(changed) - 3} more (--dry-run lists them)" if len(changed) > 3 else ""
     raise ValueError(
         f"{len(changed)} run(s) under {root} were made by another command than the sweep gives now, or on "
-        f"an older output of a dependency ({listed}{more}): rerun with --redo-changed to run them again "
+        f"an older output of a dependency ({listed(changed)}): rerun with --redo-changed to run them again "
         "(their directories are moved aside to <name>.changed-<time>, nothing is deleted), or give "
         "another --root"
     )
@@ -178,7 +182,7 @@ def run_sweep(
             log(f"sweep root {root} is in use by another runner: {holder}; the runs as they are now:")
         _print_commands(runs, root, _plan(runs, root, needed), launcher, tpu, out)
         return 0
-    lock = locks.RootLock.acquire(root, log)
+    lock = locks.lock_root(root, log)
     try:
         with scheduler.Interrupts() as stops:
             return _run(sweep, runs, root, needed, stops, launcher, tpu, jobs, redo_changed, log)

@@ -109,6 +109,22 @@ def _check_metric(name: str, metric: str | None, span_corruption: bool) -> None:
         raise ValueError(f"task {name}: unknown metric {metric!r}; known: {', '.join(metrics.METRICS)}")
 
 
+def _checked_lengths(
+    name: str,
+    targets: str | None,
+    metric: str | None,
+    input_length: int,
+    target_length: int | None,
+    span_corruption: bool,
+    what: str,
+) -> tuple[int, int]:
+    """Both makers' checks (the metric, the targets ``what`` names, the lengths): the lengths to use."""
+    _check_metric(name, metric, span_corruption)
+    if not span_corruption and targets is None:
+        raise ValueError(f"task {name}: a sequence-to-sequence task needs targets={what}")
+    return _lengths(input_length, target_length, span_corruption)
+
+
 def _lengths(input_length: int, target_length: int | None, span_corruption: bool) -> tuple[int, int]:
     if span_corruption:
         return input_length, span_corruption_lengths(input_length)[1]
@@ -142,10 +158,9 @@ def from_files(
     if unknown or not files:
         raise ValueError(f"task {name}: splits are given as {', '.join(f'{s}=FILE' for s in SPLITS)}; got "
                          f"{', '.join(unknown) or 'none'}")  # fmt: skip
-    _check_metric(name, metric, span_corruption)
-    if not span_corruption and targets is None:
-        raise ValueError(f"task {name}: a sequence-to-sequence task needs targets=FIELD")
-    input_length, target_length = _lengths(input_length, target_length, span_corruption)
+    input_length, target_length = _checked_lengths(
+        name, targets, metric, input_length, target_length, span_corruption, "FIELD"
+    )
     root = Path(base) if base is not None else task_file_folder() or Path.cwd()
     fields = [inputs] + ([targets] if targets else [])
     splits = {
@@ -210,10 +225,9 @@ def from_tfds(
     the paper's datasets: ``data prepare TASK_FILE`` builds it as array_record, offline a prepared
     copy is read. ``inputs`` / ``targets``: its feature keys; ``splits``: our split name -> the
     dataset's (default: train, validation, test as they are)."""
-    _check_metric(name, metric, span_corruption)
-    if not span_corruption and targets is None:
-        raise ValueError(f"task {name}: a sequence-to-sequence task needs targets=FEATURE")
-    input_length, target_length = _lengths(input_length, target_length, span_corruption)
+    input_length, target_length = _checked_lengths(
+        name, targets, metric, input_length, target_length, span_corruption, "FEATURE"
+    )
     return Task(
         name=name,
         source=source,

@@ -9,10 +9,7 @@ as in the paper). K/V are never repeated to N heads: queries are regrouped to
 ``[B, K, M, H]`` with ``M = G * T`` rows per K/V head and contract against ``[B, K, S, H]``
 directly, so a decode step reads K/N of the MHA key/value bytes. K/V are laid out
 ``[B, K, S, H]`` (the KV-cache layout), measured faster than ``[B, S, K, H]`` for decode on CPU
-(docs/results/decoding.md). Under the ``"cpu"`` decode kernel (the module's static
-``kernel``, which a CPU decode program sets: ``gqa_jax.cpu_step``) one decoded position takes the
-group's heads one at a time instead (``cpu_step.attention_by_head``) and the projections are taken
-out-major (``layers.project``).
+(docs/results/decoding.md).
 A quantized cache (``kv_quant.QuantizedKV``) enters the same products: the keys' scales multiply
 the logits and the values' scales the probabilities (``gqa_jax.kv_quant``).
 
@@ -25,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gqa_jax import cpu_step, kv_quant
-from gqa_jax.config import EINSUM_KERNEL, ModelConfig
-from gqa_jax.layers import dropout, dtype_of, fan_in_init, project, project_many
+from gqa_jax import kv_quant
+from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, ModelConfig
+from gqa_jax.layers import dropout, dtype_of, fan_in_init, project
 from gqa_jax.sharding import constrain
 
 Array = jax.Array
@@ -46,7 +43,7 @@ def grouped_attention(
     mask: Array | None = None,
     dropout_rate: float = 0.0,
     rngs: nnx.Rngs | None = None,
-    kernel: str = EINSUM_KERNEL,
+    one_head_at_a_time: bool = False,
 ) -> Array:
     """Attention of N query heads over K shared K/V heads.
 
@@ -55,9 +52,10 @@ def grouped_attention(
       k, v: ``[B, K, S, H]`` keys and values, ``N % K == 0``; or quantized (``kv_quant``).
       bias: ``[N, T, S]`` (or ``[B, N, T, S]``) additive logit bias, per QUERY head.
       mask: boolean, broadcastable to ``[B, T, S]``; False hides the key.
-      kernel: the decode kernel (static, ``config.KERNELS``): under ``"cpu"`` one query position
-        with 1 < G <= ``cpu_step.STEP_MAX_GROUP`` and no dropout is taken head by head
-        (``cpu_step.by_head``); the same numbers to float rounding.
+      one_head_at_a_time: the loop order of the two products: a group's query heads one at a time
+        (G products with T rows per K/V head) instead of all at once (one with G * T rows). The
+        same numbers; the CPU decode kernel's (``Attention``): XLA:CPU takes a product with one
+        row per K/V head as a matrix-vector product, several times faster than one with G rows.
     Returns:
       ``[B, T, N, H]``.
     """
@@ -68,15 +66,22 @@ def grouped_attention(
     G = N // K
     k, k_scale = kv_quant.split(k, q.dtype)  # scales [B, K, 1, S] of a quantized cache, else None
     v, v_scale = kv_quant.split(v, q.dtype)
-    if cpu_step.by_head(T, G, dropout=rngs is not None and dropout_rate > 0.0, kernel=kernel):
-        return cpu_step.attention_by_head(
-            q, k, v, bias=bias, mask=mask, mask_value=MASK_VALUE, k_scale=k_scale, v_scale=v_scale
-        )
     # Query head n = (n // G, n % G). A group's G heads and T positions become M = G * T rows
     # (row m = g * T + t) of one [M, H] x [H, S] product per (batch, K/V head): plain 4-D einsums,
     # measured faster on CPU than contracting [B, T, K, G, H] (docs/results/decoding.md).
     qm = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, M, H]
-    logits = jnp.einsum("BKMH,BKSH->BKMS", qm, k, preferred_element_type=jnp.float32)
+    heads = G if one_head_at_a_time else 1  # products, each over M / heads rows
+
+    def rows(x: Array, i: int) -> Array:  # the rows of product i of [B, K, M, ...]
+        return x[:, :, i * T : (i + 1) * T] if heads > 1 else x
+
+    logits = jnp.concatenate(
+        [
+            jnp.einsum("BKMH,BKSH->BKMS", rows(qm, i), k, preferred_element_type=jnp.float32)
+            for i in range(heads)
+        ],
+        axis=2,
+    )  # [B, K, M, S]
     if k_scale is not None:  # q . (s k) = s (q . k): a key's scale multiplies its logits
         logits = logits * k_scale
     if bias is not None:  # [..., N, T, S] -> [..., K, M, S]
@@ -89,16 +94,27 @@ def grouped_attention(
     if v_scale is not None:  # sum p (s v) = sum (p s) v: a value's scale multiplies its probability
         probs = probs * v_scale
     probs = dropout(probs.astype(v.dtype), dropout_rate, rngs)
-    out = jnp.einsum("BKMS,BKSH->BKMH", probs, v)  # [B, K, M, H]
+    out = jnp.concatenate([jnp.einsum("BKMS,BKSH->BKMH", rows(probs, i), v) for i in range(heads)], axis=2)
     return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
 class Attention(nnx.Module):
     """Projections ``query [D, N, H]``, ``key``/``value [D, K, H]``, ``out [N, H, D]``. ``cached``:
     the attention reads a decode cache (the decoder's self- and cross-attention), so on a mesh its
-    queries are regrouped to the cache's layout (``cache_queries``) for the products with it."""
+    queries are regrouped to the cache's layout (``cache_queries``) for the products with it.
+    ``kernel``: the decode kernel of the program the model is built for (``config.KERNELS``):
+    under ``"cpu"`` the projections are taken out-major (``layers.project``) and a group's query
+    heads are attended one at a time."""
 
-    def __init__(self, config: ModelConfig, num_kv_heads: int, *, rngs: nnx.Rngs, cached: bool = False):
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_kv_heads: int,
+        *,
+        rngs: nnx.Rngs,
+        cached: bool = False,
+        kernel: str = EINSUM_KERNEL,
+    ):
         D, N, H, K = config.d_model, config.num_heads, config.head_dim, num_kv_heads
         if N % K:
             raise ValueError(f"Attention: num_heads={N} not divisible by num_kv_heads={K}")
@@ -112,17 +128,17 @@ class Attention(nnx.Module):
         self.cached = cached
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
-        self.kernel = EINSUM_KERNEL  # a decode program sets its own (config.KERNELS)
+        self.kernel = kernel  # the decode kernel it is built for (``layers.project``, the loop order)
 
     def project_q(self, x: Array) -> Array:
         """``[B, T, D]`` -> ``[B, T, N, H]``."""
-        q = project("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype), kernel=self.kernel)
+        q = project("BTD,DNH->BTNH", x, self.query[...].astype(self.dtype), self.kernel)
         return constrain(q, "queries")
 
     def project_kv(self, x: Array) -> tuple[Array, Array]:
         """``[B, S, D]`` -> keys, values ``[B, K, S, H]`` each (the cache layout)."""
-        k = project("BSD,DKH->BKSH", x, self.key[...].astype(self.dtype))
-        v = project("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype))
+        k = project("BSD,DKH->BKSH", x, self.key[...].astype(self.dtype), self.kernel)
+        v = project("BSD,DKH->BKSH", x, self.value[...].astype(self.dtype), self.kernel)
         return constrain(k, self._kv_kind()), constrain(v, self._kv_kind())
 
     def _kv_kind(self) -> str:
@@ -133,13 +149,8 @@ class Attention(nnx.Module):
         return "cache" if self.cached else "kv"
 
     def project_qkv(self, x: Array) -> tuple[Array, Array, Array]:
-        """Self-attention ``[B, T, D]`` -> queries ``[B, T, N, H]``, keys and values ``[B, K, T, H]``
-        (under the ``"cpu"`` kernel one out-major product over the three weights stacked)."""
-        dt = self.dtype
-        w = [self.query[...].astype(dt), self.key[...].astype(dt), self.value[...].astype(dt)]
-        specs = ["BTD,DNH->BTNH", "BTD,DKH->BKTH", "BTD,DKH->BKTH"]
-        q, k, v = project_many(specs, x, w, kernel=self.kernel)
-        return constrain(q, "queries"), constrain(k, self._kv_kind()), constrain(v, self._kv_kind())
+        """Self-attention ``[B, T, D]`` -> queries ``[B, T, N, H]``, keys and values ``[B, K, T, H]``."""
+        return (self.project_q(x), *self.project_kv(x))
 
     def attend(
         self,
@@ -155,11 +166,12 @@ class Attention(nnx.Module):
         if self.cached:  # rows and heads as the cache holds them (a no-op off a split decode mesh)
             q = constrain(q, "cache_queries")
         o = grouped_attention(
-            q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs, kernel=self.kernel
-        )
+            q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs,
+            one_head_at_a_time=self.kernel == CPU_KERNEL,
+        )  # fmt: skip
         if self.cached:
             o = constrain(o, "cache_queries")  # [B, T, N, H]
-        out = project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype), kernel=self.kernel)
+        out = project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype), self.kernel)
         return constrain(out, "hidden")
 
     def __call__(

@@ -7,7 +7,8 @@ scores ``2W`` candidates per row, keeps the best ``W`` finished and the best ``W
 hypotheses, and reorders the beams' self-attention caches (cross K/V are the same across a row's
 beams). Scores are ``log p / ((5 + length) / 6) ** alpha``. The input checks and the placement on
 a mesh (``gqa_jax.decode_inputs``), the prefill, the decode kernel (``decoding.decode_config``)
-and the model each program merges (``decoding.merged``) are those of ``gqa_jax.decoding``.
+and the weights' layout for the steps (``decoding.lay_out``, ``decoding.step_model``) are those of
+``gqa_jax.decoding``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
+from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
 from gqa_jax import decode_inputs, decoding, kv_quant
@@ -53,18 +54,21 @@ def _gather_beams(x: Array, beams: Array) -> Array:
 def _beam_loop(
     graphdef, params, encoder_input_ids, *, config: DecodeConfig, beam_size, alpha, mesh=None, rules=None
 ):
-    model = decoding.merged(graphdef, params, config)
+    model = nnx.merge(graphdef, params)
     with decode_inputs.mesh_context(mesh, rules, model.config):
-        return _beam_body(model, encoder_input_ids, config=config, beam_size=beam_size, alpha=alpha)
+        # encode B rows once, then repeat the cache for W beams per row
+        rows = decoding.prefill_chunk_rows(config, *encoder_input_ids.shape)
+        cache = decoding.prefill(
+            model, encoder_input_ids, config.max_decode_len, cache_dtype=config.cache_dtype, rows=rows
+        )
+        weights = decoding.lay_out(graphdef, params, config)
+        V = model.config.vocab_size
+        return _beam_body(graphdef, weights, cache, V, config=config, beam_size=beam_size, alpha=alpha)
 
 
-def _beam_body(model, encoder_input_ids, *, config: DecodeConfig, beam_size, alpha):
+def _beam_body(graphdef, weights, cache: kvcache.KVCache, V: int, *, config: DecodeConfig, beam_size, alpha):
     max_decode_len, eos_id = config.max_decode_len, config.eos_id
-    B, W, T_max, V = encoder_input_ids.shape[0], beam_size, max_decode_len, model.config.vocab_size
-    # encode B rows once, then repeat the cache for W beams per row
-    cache = decoding.prefill(
-        model, encoder_input_ids, max_decode_len, cache_dtype=config.cache_dtype, rows=config.prefill_rows
-    )
+    B, W, T_max = cache.cross_mask.shape[0], beam_size, max_decode_len
     rows_of = ("self_k", "self_v", "cross_k", "cross_v", "cross_mask")  # the shared index stays
     cache = cache.replace(
         **{f: jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), getattr(cache, f)) for f in rows_of}
@@ -88,6 +92,7 @@ def _beam_body(model, encoder_input_ids, *, config: DecodeConfig, beam_size, alp
             t == 0, DECODER_START_ID, jax.lax.dynamic_index_in_dim(s.alive_seqs, t - 1, 2, False)
         )
         feed = last.reshape(B * W, 1)
+        model = decoding.step_model(graphdef, weights, config)  # in the body: the layout folds
         logits, cache = model.decode_cached(feed, s.cache)  # [B * W, 1, V]
         logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, V)
         cand = (s.alive_logp[:, :, None] + logp).reshape(B, W * V)

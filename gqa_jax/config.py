@@ -21,8 +21,8 @@ MLP_KINDS = ("gated-gelu", "relu")  # T5.1.1 uses gated-gelu; the original T5 us
 DTYPES = ("float32", "bfloat16", "float16")
 # What each layer keeps for the backward pass (the rest is recomputed); see model.py.
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
-# How a decode step takes its products (a static mode each module reads where it acts):
-# "einsum", the plain einsums of any backend, or "cpu", the CPU fast path (gqa_jax.cpu_step).
+# The decode kernel: how a decode step takes its products. "einsum", the plain products of any
+# backend, or "cpu", the CPU fast path (gqa_jax.cpu_step); a model is built for one (T5(kernel=)).
 EINSUM_KERNEL, CPU_KERNEL = "einsum", "cpu"
 KERNELS = (EINSUM_KERNEL, CPU_KERNEL)
 
@@ -208,9 +208,9 @@ class DecodeConfig:
     ``cache_dtype`` (None: the model's dtype) is the KV cache's (``gqa_jax.kv_quant``).
     ``kernel`` (one of ``KERNELS``): how the step takes its products; ``decoding.decode_config``
     chooses it for the mesh (``cpu_step.kernel_for``: ``"cpu"`` on one CPU device), the default
-    ``"einsum"`` being the plain products of any backend. ``prefill_rows``: the prefill encodes
-    this many rows at a time (None: the kernel's choice; ``decode_inputs.prefill_rows`` sets it
-    where a TPU's compiler needs it)."""
+    ``"einsum"`` being the plain products of any backend; ``gqa_jax.decoding`` alone reads it.
+    ``prefill_rows``: the prefill encodes this many rows at a time (None: the kernel's choice;
+    ``decode_inputs.prefill_rows`` sets it where a TPU's compiler needs it)."""
 
     max_decode_len: int
     eos_id: int = 1

@@ -157,7 +157,7 @@ def prefill_rows(config: ModelConfig, batch: int, input_len: int, mesh: Any) -> 
     """Rows per chunk of the prefill's encoder on a TPU (None: the whole batch at once): the largest
     divisor of ``batch`` that splits over ``data`` and keeps ``encoder_logits`` within
     ``MAX_ENCODER_LOGITS``, at least one row per device. Other backends: None (the decode kernel
-    chooses, ``cpu_step`` on a CPU)."""
+    chooses: ``decoding.prefill_chunk_rows``)."""
     devices = jax.devices() if mesh is None else list(np.asarray(mesh.devices).flat)
     if devices[0].platform != "tpu" or encoder_logits(config, batch, input_len, mesh) <= MAX_ENCODER_LOGITS:
         return None

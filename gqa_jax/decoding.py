@@ -9,15 +9,17 @@ Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = ma
   token, writes its K/V at the cache index, and picks the next token (greedy or sampled).
 - The decode programs (jitted; their static settings a frozen ``DecodeConfig`` from
   ``decode_config``): ``start`` (the prefill and the loop's first state), ``step`` (one step),
-  ``finish`` (the steps in a ``lax.while_loop`` until every row is done) and ``prefill_and_decode``
-  (``start`` then ``finish`` in one program). ``greedy_decode`` / ``sample_decode`` check the
-  inputs on the host and call ``prefill_and_decode``; ``beam_search``, ``plan``, ``time`` and the
-  benchmarks run or lower the same programs, so one path is measured and predicted. The decoder
-  starts from the pad id 0, rows that emitted EOS keep emitting pad, and the loop stops as soon
-  as every row is done.
+  ``finish`` (the steps in a ``lax.while_loop`` until every row is done) and
+  ``prefill_and_decode`` (``start`` then ``finish`` in one program). ``step`` and ``finish`` take
+  the weights as ``step_weights`` lays them out for the steps, once per decode. ``greedy_decode``
+  / ``sample_decode`` check the inputs on the host and call ``prefill_and_decode``;
+  ``beam_search``, ``plan``, ``time`` and the benchmarks run or lower the same programs, so one
+  path is measured and predicted. The decoder starts from the pad id 0, rows that emitted EOS keep
+  emitting pad, and the loop stops as soon as every row is done.
 - The decode kernel (``DecodeConfig.kernel``: ``"einsum"``, or ``"cpu"``, the CPU fast path of
-  ``gqa_jax.cpu_step``) is chosen once, by ``decode_config`` for the mesh, and set on the model
-  each program merges (``merged``); every module reads it where it acts.
+  ``gqa_jax.cpu_step``) is chosen once, by ``decode_config`` for the mesh, and read here only:
+  it lays out the step's weights (``step_weights``) and the prefill's row chunks
+  (``prefill_chunk_rows``); the model's code is the same under both.
 - ``uncached_greedy_decode`` re-runs the whole teacher-forced decoder each step: the reference
   for tests and the "without cache" row of the benchmark.
 - Beam search is in ``gqa_jax.beam_search``, over the same step; the host-side checks and the
@@ -46,8 +48,9 @@ from flax import nnx, struct
 
 from gqa_jax import cache as kvcache
 from gqa_jax import cpu_step, kv_quant
+from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import CPU_KERNEL, DecodeConfig
+from gqa_jax.config import CPU_KERNEL, DecodeConfig, ModelConfig
 from gqa_jax.decode_inputs import (
     ModelLike,
     as_split,
@@ -115,12 +118,62 @@ def decode_config(
     )
 
 
-def merged(graphdef: Any, params: Any, config: DecodeConfig) -> T5:
-    """Inside a jitted decode program: the model, every module set to ``config.kernel`` (a static
-    attribute each reads where it acts, the NNX idiom for a mode)."""
-    model = nnx.merge(graphdef, params)
-    model.set_attributes(kernel=config.kernel)
-    return model
+@struct.dataclass
+class StepWeights:
+    """The parameters as a decode step reads them, laid out for ``kernel`` by :func:`step_weights`
+    (under ``"cpu"`` the step's products out-major, ``cpu_step.out_major``, and ``model`` the
+    model's config; else the parameters as they are)."""
+
+    params: Any
+    kernel: str = struct.field(pytree_node=False)
+    model: ModelConfig | None = struct.field(pytree_node=False, default=None)
+
+
+def step_weights(graphdef: Any, params: Any, config: DecodeConfig) -> StepWeights:
+    """The model split (``graphdef``, ``params``) laid out for the steps of ``config``'s kernel,
+    once per decode: ``step`` and ``finish`` take them, so a step never lays out a weight itself."""
+    if config.kernel != CPU_KERNEL:
+        return StepWeights(params, config.kernel)
+    return StepWeights(_out_major(params), config.kernel, config_of((graphdef, params)))
+
+
+_out_major = jax.jit(cpu_step.out_major)
+
+
+def lay_out(graphdef: Any, params: Any, config: DecodeConfig) -> StepWeights:
+    """:func:`step_weights` inside a program that also prefills: behind a barrier, so XLA keeps the
+    layout (and hoists it out of the step loop) instead of folding the transpose back."""
+    if config.kernel != CPU_KERNEL:
+        return StepWeights(params, config.kernel)
+    laid = jax.lax.optimization_barrier(cpu_step.out_major(params))
+    return StepWeights(laid, config.kernel, config_of((graphdef, params)))
+
+
+def step_model(graphdef: Any, weights: StepWeights, config: DecodeConfig) -> T5:
+    """Inside a step program, in the loop's body: the model a step runs. Under ``"cpu"`` it is
+    built for that kernel (``T5(kernel=)``: a group's query heads attended one at a time) and
+    reads the weights in their step layout (``cpu_step.in_major``: a transpose XLA folds into each
+    product's operand layout where the body uses it; made outside the body, XLA would copy the
+    weights back instead)."""
+    if not isinstance(weights, StepWeights) or weights.kernel != config.kernel:
+        got = weights.kernel if isinstance(weights, StepWeights) else type(weights).__name__
+        raise ValueError(
+            f"the step programs take StepWeights for kernel {config.kernel!r}, got {got}: "
+            "lay the parameters out with decoding.step_weights(graphdef, params, config)"
+        )
+    if weights.kernel != CPU_KERNEL:
+        return nnx.merge(graphdef, weights.params)
+    cpu_graphdef, shapes = nnx.split(model_lib.abstract(weights.model, CPU_KERNEL))
+    return nnx.merge(cpu_graphdef, cpu_step.in_major(weights.params, cpu_step.shapes_of(shapes)))
+
+
+def prefill_chunk_rows(config: DecodeConfig, batch: int, input_len: int) -> int:
+    """Rows the prefill's encoder takes at a time: ``config.prefill_rows`` where given (a TPU
+    compiler's limit), row chunks of ``cpu_step.encode_chunk_rows`` under the ``"cpu"`` kernel,
+    else the whole batch."""
+    if config.prefill_rows is not None:
+        return config.prefill_rows
+    return cpu_step.encode_chunk_rows(batch, input_len) if config.kernel == CPU_KERNEL else batch
 
 
 def prefill(
@@ -133,18 +186,12 @@ def prefill(
 ) -> kvcache.KVCache:
     """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``,
     in ``cache_dtype`` (None: the model's dtype; int8 / fp8: quantized, ``gqa_jax.kv_quant``).
-
-    Under the ``"cpu"`` kernel (``model.kernel``) the encoder runs a few rows at a time
-    (``lax.map`` over chunks of at most ``cpu_step.ENCODE_CHUNK_TOKENS`` tokens,
-    ``cpu_step.encode_chunk_rows``), so a chunk's activations and ``[N, S, S]`` attention logits
-    stay in the CPU caches through a layer instead of the whole batch's streaming through memory
-    at every op. ``rows`` given (``DecodeConfig.prefill_rows``: a TPU compiler's limit), the
-    encoder takes that many rows at a time on any kernel. The numbers agree with the batched
-    encoder to float32 rounding."""
+    ``rows`` (None: the whole batch): the encoder takes that many rows at a time (``lax.map`` over
+    chunks, :func:`prefill_chunk_rows`); the numbers agree with the batched encoder to float32
+    rounding."""
     config = model.config
     B, S = encoder_input_ids.shape
-    if rows is None:
-        rows = cpu_step.encode_chunk_rows(B, S) if model.kernel == CPU_KERNEL else B
+    rows = B if rows is None else rows
     if rows < B:
         chunks = encoder_input_ids.reshape(B // rows, rows, S)
         encoded = jax.lax.map(model.encode, chunks).reshape(B, S, -1)  # [B, S, D]
@@ -211,8 +258,7 @@ def decode_step(
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> DecodeState:
-    """One token for every row. Pure: returns a new state; jittable alone. Its products are those
-    of ``model.kernel`` (the plain einsums unless a decode program set another)."""
+    """One token for every row. Pure: returns a new state; jittable alone."""
     kvcache.check_cache(model.config, state.cache)
     logits, cache = model.decode_cached(state.last[:, None], state.cache)  # [B, 1, V]
     logits = logits[:, 0]
@@ -242,15 +288,16 @@ def decode_step(
 # in one program; the tools lower or time the pieces (``step`` alone: the stepped benchmark and the
 # TPU prediction; ``finish``: the decoder's steps timed apart from the prefill).
 def _start(model: T5, ids: Array, key: Array, config: DecodeConfig) -> DecodeState:
-    cache = prefill(
-        model, ids, config.max_decode_len, cache_dtype=config.cache_dtype, rows=config.prefill_rows
-    )
+    rows = prefill_chunk_rows(config, *ids.shape)
+    cache = prefill(model, ids, config.max_decode_len, cache_dtype=config.cache_dtype, rows=rows)
     return init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
 
 
-def _step(model: T5, state: DecodeState, temperature: Array, config: DecodeConfig) -> DecodeState:
+def _step(
+    graphdef: Any, weights: StepWeights, state: DecodeState, temperature: Array, config: DecodeConfig
+) -> DecodeState:
     return decode_step(
-        model,
+        step_model(graphdef, weights, config),
         state,
         eos_id=config.eos_id,
         temperature=0.0 if config.greedy else temperature,
@@ -259,11 +306,13 @@ def _step(model: T5, state: DecodeState, temperature: Array, config: DecodeConfi
     )
 
 
-def _finish(model: T5, state: DecodeState, temperature: Array, config: DecodeConfig) -> DecodeState:
+def _finish(
+    graphdef: Any, weights: StepWeights, state: DecodeState, temperature: Array, config: DecodeConfig
+) -> DecodeState:
     def running(s: DecodeState) -> Array:
         return (s.step < config.max_decode_len) & ~jnp.all(s.done)
 
-    return jax.lax.while_loop(running, lambda s: _step(model, s, temperature, config), state)
+    return jax.lax.while_loop(running, lambda s: _step(graphdef, weights, s, temperature, config), state)
 
 
 _STATIC = ("graphdef", "config", "mesh", "rules")
@@ -274,41 +323,45 @@ def start(
     graphdef, params, encoder_input_ids, key, *, config: DecodeConfig, mesh=None, rules=None
 ) -> DecodeState:
     """The prefill: encoder, cross K/V into the cache, the empty self cache, the loop's first state."""
-    model = merged(graphdef, params, config)
+    model = nnx.merge(graphdef, params)
     with mesh_context(mesh, rules, model.config):
         return _start(model, encoder_input_ids, key, config)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
-def step(graphdef, params, state, temperature, *, config: DecodeConfig, mesh=None, rules=None) -> DecodeState:
-    """One decode step of every row (the state donated: the cache is updated in place)."""
-    model = merged(graphdef, params, config)
-    with mesh_context(mesh, rules, model.config):
-        return _step(model, state, temperature, config)
+def step(
+    graphdef, weights: StepWeights, state, temperature, *, config: DecodeConfig, mesh=None, rules=None
+) -> DecodeState:
+    """One decode step of every row (the state donated: the cache is updated in place); the
+    weights as :func:`step_weights` lays them out."""
+    with mesh_context(mesh, rules, step_model(graphdef, weights, config).config):
+        return _step(graphdef, weights, state, temperature, config)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
 def finish(
-    graphdef, params, state, temperature, *, config: DecodeConfig, mesh=None, rules=None
+    graphdef, weights: StepWeights, state, temperature, *, config: DecodeConfig, mesh=None, rules=None
 ) -> DecodeState:
     """The decoder's steps from ``state`` (a ``lax.while_loop``) until every row is done or
-    ``max_decode_len`` tokens are out (the state donated)."""
-    model = merged(graphdef, params, config)
-    with mesh_context(mesh, rules, model.config):
-        return _finish(model, state, temperature, config)
+    ``max_decode_len`` tokens are out (the state donated); the weights as :func:`step_weights`
+    lays them out."""
+    with mesh_context(mesh, rules, step_model(graphdef, weights, config).config):
+        return _finish(graphdef, weights, state, temperature, config)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def prefill_and_decode(
     graphdef, params, encoder_input_ids, key, temperature, *, config: DecodeConfig, mesh=None, rules=None
 ) -> DecodeState:
-    """The whole greedy / sampling decode in one program: ``start`` then ``finish``.
-    ``temperature`` is traced (no recompile per value). ``greedy_decode`` / ``sample_decode``
-    check inputs, build ``config`` with ``decode_config`` and call this; call it directly to
-    ``.lower()`` the loop (``plan``, the benchmarks), with a config from ``decode_config``."""
-    model = merged(graphdef, params, config)
+    """The whole greedy / sampling decode in one program: ``start`` then ``finish``, the weights
+    laid out for the steps in between. ``temperature`` is traced (no recompile per value).
+    ``greedy_decode`` / ``sample_decode`` check inputs, build ``config`` with ``decode_config``
+    and call this; call it directly to ``.lower()`` the loop (``plan``, the benchmarks), with a
+    config from ``decode_config``."""
+    model = nnx.merge(graphdef, params)
     with mesh_context(mesh, rules, model.config):
-        return _finish(model, _start(model, encoder_input_ids, key, config), temperature, config)
+        state = _start(model, encoder_input_ids, key, config)
+        return _finish(graphdef, lay_out(graphdef, params, config), state, temperature, config)
 
 
 def greedy_decode(

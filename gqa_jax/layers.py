@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gqa_jax import cpu_step
 from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, ModelConfig
 from gqa_jax.sharding import constrain
 
@@ -27,22 +26,29 @@ def fan_in_init(fan_in: int, scale: float = 1.0):
     return _normal(stddev=math.sqrt(scale / fan_in))
 
 
-# ------------------------------------------------------------------ weight products
-def project(spec: str, x: Array, w: Array, *, kernel: str = EINSUM_KERNEL) -> Array:
-    """``jnp.einsum(spec, x, w)`` for an activation ``x [B, T, ...]`` and a weight ``w``; under
-    the ``"cpu"`` kernel (the caller's own ``kernel``) a decode step's product, one position per
-    row, is taken out-major (``cpu_step.out_major_products``)."""
-    return project_many([spec], x, [w], kernel=kernel)[0]
-
-
-def project_many(specs: list[str], x: Array, ws: list[Array], *, kernel: str = EINSUM_KERNEL) -> list[Array]:
-    """``[project(spec, x, w) ...]`` for several weights applied to the same ``x``; under the
-    ``"cpu"`` kernel a step's weights are stacked into one out-major product (where it applies)."""
-    if kernel == CPU_KERNEL and x.shape[1] == 1:  # one position per row: a decode step
-        out = cpu_step.out_major_products(specs, x, ws)
-        if out is not None:
-            return out
-    return [jnp.einsum(spec, x, w) for spec, w in zip(specs, ws, strict=True)]
+def project(spec: str, x: Array, w: Array, kernel: str = EINSUM_KERNEL) -> Array:
+    """``jnp.einsum(spec, x, w)`` for an activation ``x`` and a weight ``w``: one product that
+    contracts the shared letters in ``w``'s own order (jnp.einsum sorts them). Under the ``"cpu"``
+    decode kernel (the model a CPU decode step runs, ``T5(kernel=)``) it is taken out-major,
+    ``W [out, in] @ X.T [in, rows]``, the ``[out, rows]`` result behind a barrier so XLA keeps that
+    orientation: XLA:CPU runs it faster than ``X @ W`` for the few rows of a step, and reads a
+    weight ``gqa_jax.cpu_step`` laid out ``[out, in]`` as it lies."""
+    ins, out = spec.split("->")
+    xs, ws = ins.split(",")
+    inner = [c for c in ws if c in xs]
+    rows, cols = [c for c in xs if c not in inner], [c for c in ws if c not in inner]
+    if kernel == CPU_KERNEL:
+        size = dict(zip(xs, x.shape, strict=True)) | dict(zip(ws, w.shape, strict=True))
+        n_in = math.prod(size[c] for c in inner)
+        x2 = jnp.transpose(x, [xs.index(c) for c in rows + inner]).reshape(-1, n_in)  # [rows, in]
+        w2 = jnp.transpose(w, [ws.index(c) for c in cols + inner]).reshape(-1, n_in)  # [out, in]
+        y = jax.lax.optimization_barrier(w2 @ x2.T).T.reshape([size[c] for c in rows + cols])
+    else:
+        y = jax.lax.dot_general(
+            x, w, (([xs.index(c) for c in inner], [ws.index(c) for c in inner]), ((), ()))
+        )
+    names = rows + cols
+    return jnp.transpose(y, [names.index(c) for c in out])
 
 
 def dtype_of(name: str) -> jnp.dtype:
@@ -80,21 +86,16 @@ class Embed(nnx.Module):
         shape = (config.vocab_size, config.d_model)
         self.embedding = nnx.Param(init(rngs.params(), shape, dtype_of(config.param_dtype)))
         self.dtype = dtype_of(config.dtype)
-        self.kernel = EINSUM_KERNEL  # a decode program sets its own (config.KERNELS)
 
     def __call__(self, ids: Array) -> Array:
         """``ids [B, T]`` -> ``[B, T, D]``."""
         return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
 
-    def attend(self, x: Array) -> Array:
-        """Tied logits: ``[B, T, D] x [V, D] -> [B, T, V]``."""
-        return project("BTD,VD->BTV", x, self.embedding[...].astype(self.dtype), kernel=self.kernel)
-
 
 class MLP(nnx.Module):
     """T5.1.1 gated-GELU MLP ``wo(gelu(x wi_0) * (x wi_1))`` (no biases); or ReLU for T5 v1.0."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, kernel: str = EINSUM_KERNEL):
         D, F = config.d_model, config.d_ff
         pdt = dtype_of(config.param_dtype)
         self.gated = config.mlp_activation == "gated-gelu"
@@ -104,20 +105,20 @@ class MLP(nnx.Module):
         self.wo = nnx.Param(fan_in_init(F)(rngs.params(), (F, D), pdt))
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
-        self.kernel = EINSUM_KERNEL  # a decode program sets its own (config.KERNELS)
+        self.kernel = kernel  # the decode kernel it is built for (``project``)
 
     def __call__(self, x: Array, rngs: nnx.Rngs | None = None) -> Array:
         """``x [B, T, D]`` -> ``[B, T, D]``."""
         if self.gated:
-            w = [self.wi_0[...].astype(self.dtype), self.wi_1[...].astype(self.dtype)]
-            h, gate = project_many(["BTD,DF->BTF"] * 2, x, w, kernel=self.kernel)
+            h = project("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype), self.kernel)
+            gate = project("BTD,DF->BTF", x, self.wi_1[...].astype(self.dtype), self.kernel)
             # T5.1.1 (and HF's "gelu_new") use the tanh approximation of GELU.
             h = jax.nn.gelu(h, approximate=True) * gate
         else:
-            h = project("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype), kernel=self.kernel)
+            h = project("BTD,DF->BTF", x, self.wi_0[...].astype(self.dtype), self.kernel)
             h = jax.nn.relu(h)
         h = dropout(constrain(h, "mlp"), self.rate, rngs)
-        out = project("BTF,FD->BTD", h, self.wo[...].astype(self.dtype), kernel=self.kernel)
+        out = project("BTF,FD->BTD", h, self.wo[...].astype(self.dtype), self.kernel)
         return constrain(out, "hidden")
 
 

@@ -22,11 +22,6 @@ stacks its layers' parameters inside the step and runs them as one ``lax.scan``,
 compiled instead of L (the parameters stay per layer, in the checkpoint as here). Decoding has
 no backward pass and runs the layers one by one.
 
-Every module that takes a weight product holds a static ``kernel`` (``config.KERNELS``), read
-where it acts: ``"einsum"``, the plain products written here, unless a decode program on one CPU
-device sets ``"cpu"`` on the model it runs (``gqa_jax.cpu_step``: its decode step's products and
-attention take the CPU fast path, and its prefill encodes in row chunks).
-
 Packed examples (several documents in one row, see ``gqa_jax.data.pipeline``) pass segment ids
 (1, 2, ... per document, 0 for padding): every attention is then also masked to its own
 document, so packed documents never attend to each other. Relative positions need no reset:
@@ -117,13 +112,14 @@ class EncoderLayer(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, kernel: str = EINSUM_KERNEL):
         self.self_attn_norm = RMSNorm(config.d_model, config)
-        self.self_attn = Attention(config, config.kv_heads("decoder_self"), rngs=rngs, cached=True)
+        kv = config.kv_heads
+        self.self_attn = Attention(config, kv("decoder_self"), rngs=rngs, cached=True, kernel=kernel)
         self.cross_attn_norm = RMSNorm(config.d_model, config)
-        self.cross_attn = Attention(config, config.kv_heads("cross"), rngs=rngs, cached=True)
+        self.cross_attn = Attention(config, kv("cross"), rngs=rngs, cached=True, kernel=kernel)
         self.mlp_norm = RMSNorm(config.d_model, config)
-        self.mlp = MLP(config, rngs=rngs)
+        self.mlp = MLP(config, rngs=rngs, kernel=kernel)
         self.rate = config.dropout_rate
 
     def __call__(
@@ -187,9 +183,10 @@ class Encoder(nnx.Module):
 
 
 class Decoder(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, kernel: str = EINSUM_KERNEL):
         self.relpos = RelativePositionBias(config, bidirectional=False, rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_decoder_layers)])
+        layers = [DecoderLayer(config, rngs=rngs, kernel=kernel) for _ in range(config.num_decoder_layers)]
+        self.layers = nnx.List(layers)
         self.final_norm = RMSNorm(config.d_model, config)
         self.rate = config.dropout_rate
         self.remat, self.scan = config.remat, config.scan_layers
@@ -249,17 +246,21 @@ class Decoder(nnx.Module):
 
 
 class T5(nnx.Module):
-    """The encoder-decoder. ``T5(config, rngs=nnx.Rngs(0))(encoder_ids, decoder_ids) -> logits``."""
+    """The encoder-decoder. ``T5(config, rngs=nnx.Rngs(0))(encoder_ids, decoder_ids) -> logits``.
+    ``kernel``: the decode kernel of the program it is built for (``config.KERNELS``; a decode
+    program on one CPU device builds its step's model with ``"cpu"``: ``gqa_jax.decoding``); it
+    changes how the decoder and output layer take their products (``layers.project``, the
+    attention's loop order), never the numbers."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, kernel: str = EINSUM_KERNEL):
         self.config = config
         self.shared = Embed(config, rngs=rngs)
         self.encoder = Encoder(config, rngs=rngs)
-        self.decoder = Decoder(config, rngs=rngs)
+        self.decoder = Decoder(config, rngs=rngs, kernel=kernel)
+        self.kernel = kernel
         if not config.tie_word_embeddings:
             D, V = config.d_model, config.vocab_size
             self.lm_head = nnx.Param(fan_in_init(D)(rngs.params(), (D, V), dtype_of(config.param_dtype)))
-        self.kernel = EINSUM_KERNEL  # a decode program sets its own on every module (config.KERNELS)
 
     def encode(
         self,
@@ -281,10 +282,10 @@ class T5(nnx.Module):
         if self.config.tie_word_embeddings:
             # Original T5 (tied): rescale before reusing the embedding as the output layer.
             hidden = hidden * (self.config.d_model**-0.5)
-            out = self.shared.attend(hidden)
+            out = project("BTD,VD->BTV", hidden, self.shared.embedding[...].astype(hidden.dtype), self.kernel)
         else:
             w = self.lm_head[...].astype(hidden.dtype)
-            out = project("BTD,DV->BTV", hidden, w, kernel=self.kernel)
+            out = project("BTD,DV->BTV", hidden, w, self.kernel)
         return constrain(out.astype(jnp.float32), "logits")
 
     def decode_teacher_forced(
@@ -379,18 +380,18 @@ Path_ = tuple[Any, ...]  # a parameter path, e.g. ("decoder", "layers", 0, "self
 FlatParams = dict[Path_, Any]
 
 
-def abstract(config: ModelConfig) -> T5:
+def abstract(config: ModelConfig, kernel: str = EINSUM_KERNEL) -> T5:
     """The model's structure with shape-only parameters: no memory, no random numbers drawn.
 
     A fresh module each call, so callers may fill it in place: a clone of one template traced per
-    config (cloning is much cheaper than tracing the constructor, which builds every layer's
-    arrays abstractly)."""
-    return nnx.clone(_abstract_template(config))
+    config and kernel (cloning is much cheaper than tracing the constructor, which builds every
+    layer's arrays abstractly)."""
+    return nnx.clone(_abstract_template(config, kernel))
 
 
 @functools.lru_cache(maxsize=16)
-def _abstract_template(config: ModelConfig) -> T5:
-    return nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+def _abstract_template(config: ModelConfig, kernel: str) -> T5:
+    return nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0), kernel=kernel))
 
 
 def build(config: ModelConfig, params: Any = None, *, seed: int = 0) -> T5:

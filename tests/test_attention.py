@@ -125,62 +125,46 @@ def step_inputs(num_heads, num_kv, seed):
 
 
 @pytest.mark.parametrize("num_heads, num_kv", [(6, 3), (6, 2), (6, 1), (16, 1)])
-def test_a_cpu_decode_step_takes_the_group_head_by_head_with_the_same_result(num_heads, num_kv):
-    """Under the ``"cpu"`` kernel one query position is attended one query head of each group at a
-    time (2 products per head, up to STEP_MAX_GROUP heads per group); the numbers are those of
-    the one-product path, with a per-row bias [B, N, 1, S] and a key mask [B, 1, S]."""
-    from gqa_jax import cpu_step
-
-    G = num_heads // num_kv
+def test_one_decoded_position_gives_the_same_numbers_in_either_loop_order(num_heads, num_kv):
+    """One query position (a decode step), a per-row bias [B, N, 1, S] and a key mask [B, 1, S]:
+    the group's heads all at once (2 products) or one at a time (2 G products, the CPU decode
+    kernel's order) give the numbers of plain MHA over the repeated K/V."""
     q, k, v, bias, mask = step_inputs(num_heads, num_kv, num_heads + num_kv)
-    ref = grouped_attention(q, k, v, bias=bias, mask=mask)
-    got = grouped_attention(q, k, v, bias=bias, mask=mask, kernel="cpu")
-    jaxpr = str(jax.make_jaxpr(lambda *a: grouped_attention(*a, bias=bias, mask=mask, kernel="cpu"))(q, k, v))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-6)
-    split = G <= cpu_step.STEP_MAX_GROUP
-    assert jaxpr.count("dot_general") == (2 * G if split else 2)
+    G = num_heads // num_kv
+    logits = jnp.einsum("btnh,bnsh->bnts", q, repeat_kv(k, G)) + bias  # [B, N, 1, S]
+    probs = jax.nn.softmax(jnp.where(mask[:, None], logits, -1e10), -1)
+    want = jnp.einsum("bnts,bnsh->btnh", probs, repeat_kv(v, G))
+    for one_at_a_time, products in ((False, 2), (True, 2 * G)):
+
+        def attend(q, k, v, one_at_a_time=one_at_a_time):
+            return grouped_attention(q, k, v, bias=bias, mask=mask, one_head_at_a_time=one_at_a_time)
+
+        np.testing.assert_allclose(np.asarray(attend(q, k, v)), np.asarray(want), rtol=1e-5, atol=1e-5)
+        assert str(jax.make_jaxpr(attend)(q, k, v)).count("dot_general") == products
 
 
-def test_the_decode_kernel_is_a_static_attribute_each_module_reads(monkeypatch):
-    """The kernel is no context and no thread-local state of ``cpu_step``: every module that takes
-    a product holds its own static ``kernel`` ("einsum" when built), a decode program sets it on
-    the model it merges (``decoding.merged``), and the attention reads it where it acts: "cpu"
-    takes a G = 3 group head by head (traced once, the plain numbers to float rounding)."""
+def test_the_decode_kernel_is_fixed_when_the_model_is_built():
+    """A model's decode kernel is a constructor argument (``T5(kernel=)``), "einsum" by default:
+    every module that takes a product holds the one it was built with, and a decode program on
+    one CPU device builds its step's model with "cpu" (``decoding.step_model``); ``cpu_step``
+    keeps no state."""
     from gqa_jax import cpu_step, decoding
     from gqa_jax.config import DecodeConfig
     from gqa_jax.model import T5
 
-    assert not {"step", "active"} & set(vars(cpu_step))  # no mode to enter or ask
-    assert not any(isinstance(v, threading.local) for v in vars(cpu_step).values())  # no state
-    model = T5(preset("tiny", num_kv_heads=2), rngs=nnx.Rngs(0))
+    assert not any(isinstance(v, threading.local) for v in vars(cpu_step).values())
+    config = preset("tiny", num_kv_heads=2)
 
     def kernels(m):
-        return {x.kernel for _, x in nnx.iter_modules(m) if hasattr(x, "kernel")}
+        return {x.kernel for _, x in nnx.iter_modules(m) if "kernel" in vars(x)}
 
-    assert kernels(model) == {"einsum"}
-    graphdef, params = nnx.split(model)
+    assert kernels(T5(config, rngs=nnx.Rngs(0))) == {"einsum"}
+    assert kernels(T5(config, rngs=nnx.Rngs(0), kernel="cpu")) == {"cpu", "einsum"}  # the encoder's
+    graphdef, params = nnx.split(T5(config, rngs=nnx.Rngs(0)))
     for kernel in ("cpu", "einsum"):
-        merged = decoding.merged(graphdef, params, DecodeConfig(max_decode_len=2, kernel=kernel))
-        assert kernels(merged) == {kernel} and merged.decoder.layers[0].self_attn.kernel == kernel
-    calls = []
-    by_head = cpu_step.attention_by_head
-    monkeypatch.setattr(cpu_step, "attention_by_head", lambda *a, **kw: calls.append(1) or by_head(*a, **kw))
-    q, k, v, bias, mask = step_inputs(6, 2, 0)  # G = 3
-
-    def attend(q, k, v, kernel):
-        return grouped_attention(q, k, v, bias=bias, mask=mask, kernel=kernel)
-
-    jitted = jax.jit(attend, static_argnames="kernel")
-    plain, fast = jitted(q, k, v, kernel="einsum"), jitted(q, k, v, kernel="cpu")
-    assert len(calls) == 1  # traced once, for the cpu kernel only
-    np.testing.assert_allclose(np.asarray(fast), np.asarray(plain), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(
-        np.asarray(plain), np.asarray(grouped_attention(q, k, v, bias=bias, mask=mask))
-    )
-    dots = {
-        f: str(jax.make_jaxpr(attend, static_argnums=3)(q, k, v, f)).count("dot_general")
-        for f in ("einsum", "cpu")
-    }
-    assert dots == {"einsum": 2, "cpu": 2 * 3}
+        dc = DecodeConfig(max_decode_len=2, kernel=kernel)
+        stepping = decoding.step_model(graphdef, decoding.step_weights(graphdef, params, dc), dc)
+        assert stepping.kernel == kernel and stepping.decoder.layers[0].self_attn.kernel == kernel
+        assert stepping.encoder.layers[0].attn.kernel == "einsum"  # the prefill's: many rows
     with pytest.raises(ValueError, match="kernel='pallas'; choose from einsum, cpu"):
         DecodeConfig(max_decode_len=2, kernel="pallas")

@@ -52,18 +52,36 @@ def test_cached_equals_uncached_tokens_and_step_logits(model):
     assert len(set(lengths.tolist())) > 1, f"rows should finish at different steps: {lengths}"
 
 
-def test_cpu_decode_loop_takes_weight_products_out_major():
-    """Under ``DecodeConfig.kernel="cpu"`` the loop's step uses layers.project's out-major
-    products (the barriers are in the compiled loop); under "einsum" (the default) it keeps
-    einsum. ``kernel_for`` (what decode_config chooses by) gives "cpu" for one CPU device only."""
-    # a 4096-token vocabulary: the output layer (32 x 4096) is big enough for the out-major path
-    model = T5(preset("tiny", vocab_size=4096, num_kv_heads=2), rngs=nnx.Rngs(0))
+def output_layer_products(hlo: str) -> set[str]:
+    """How compiled HLO takes the output layer's product: "out-major" where a dot gives ``[V, B]``
+    (``W [V, D] @ X.T``), "as stored" where one gives ``[B, V]``."""
+    import re
+
+    found = set()
+    if re.search(rf"f32\[{V},{len(ENC)}\]\S* dot\(", hlo):
+        found.add("out-major")
+    if re.search(rf"f32\[{len(ENC)},{V}\]\S* dot\(", hlo):
+        found.add("as stored")
+    return found
+
+
+def test_the_cpu_kernel_lays_the_step_weights_out_major_and_the_einsum_kernel_does_not():
+    """Under ``DecodeConfig.kernel="cpu"`` the steps take the output layer out-major (``W [V, D] @
+    X.T``, the weight laid out once outside the step loop), under "einsum" as stored, in the fused
+    loop, in ``step`` and in ``finish``. ``kernel_for`` (what decode_config chooses by) gives
+    "cpu" for one CPU device only."""
+    model = tiny(2)
     graphdef, params = nnx.split(model)
-    args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
-    for kernel in ("cpu", "einsum"):
+    ids, key, greedy = jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0)
+    for kernel, contracts in (("cpu", {"out-major"}), ("einsum", {"as stored"})):
         config = DecodeConfig(max_decode_len=MAX, eos_id=1, kernel=kernel)
-        hlo = decoding.prefill_and_decode.lower(*args, config=config).as_text()
-        assert ("optimization_barrier" in hlo) == (kernel == "cpu")
+        hlo = decoding.prefill_and_decode.lower(graphdef, params, ids, key, greedy, config=config)
+        assert output_layer_products(hlo.compile().as_text()) == contracts
+        state = decoding.start(graphdef, params, ids, key, config=config)
+        weights = decoding.step_weights(graphdef, params, config)
+        for program in (decoding.step, decoding.finish):
+            hlo = program.lower(graphdef, weights, state, greedy, config=config).compile().as_text()
+            assert output_layer_products(hlo) == contracts
     assert DecodeConfig(max_decode_len=MAX).kernel == "einsum"
     cpu, tpu = jax.devices()[0], SimpleNamespace(platform="tpu")
 
@@ -104,24 +122,30 @@ def test_the_decode_entry_points_choose_the_kernel_on_the_host(monkeypatch):
         assert seen == {"greedy": kernel, "beam": kernel}
 
 
-def test_the_cpu_fast_path_gives_the_plain_loops_tokens(model, monkeypatch):
-    """prefill_and_decode under the "einsum" and the "cpu" kernel: the same tokens and lengths,
-    logits equal to float rounding, and only the fast program has the out-major barriers (small
-    weights allowed here, so every product of the step takes that path; G > 1 also attends head by
-    head)."""
-    monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)
+def test_both_kernels_and_every_program_give_the_same_tokens(model):
+    """prefill_and_decode under the "einsum" and the "cpu" kernel, and start + finish / start + steps
+    on weights from ``step_weights``: the same tokens and lengths, logits equal to float rounding.
+    The step programs refuse parameters that ``step_weights`` did not lay out."""
     graphdef, params = nnx.split(model)
-    args = (graphdef, params, jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0))
+    ids, key, greedy = jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0)
     out = {}
     for kernel in ("einsum", "cpu"):
         config = DecodeConfig(max_decode_len=MAX - 3, return_logits=True, kernel=kernel)  # a fresh trace
-        hlo = decoding.prefill_and_decode.lower(*args, config=config).as_text()
-        assert ("optimization_barrier" in hlo) == (kernel == "cpu")
-        out[kernel] = decoding.prefill_and_decode(*args, config=config)
-    fast, plain = out["cpu"], out["einsum"]
-    np.testing.assert_array_equal(np.asarray(fast.tokens), np.asarray(plain.tokens))
-    np.testing.assert_array_equal(np.asarray(fast.lengths), np.asarray(plain.lengths))
-    np.testing.assert_allclose(np.asarray(fast.logits), np.asarray(plain.logits), atol=1e-5, rtol=0)
+        out[kernel] = decoding.prefill_and_decode(graphdef, params, ids, key, greedy, config=config)
+        weights = decoding.step_weights(graphdef, params, config)
+        state = decoding.start(graphdef, params, ids, key, config=config)
+        out[f"{kernel} finish"] = decoding.finish(graphdef, weights, state, greedy, config=config)
+        state = decoding.start(graphdef, params, ids, key, config=config)
+        for _ in range(config.max_decode_len):
+            state = decoding.step(graphdef, weights, state, greedy, config=config)
+        out[f"{kernel} steps"] = state
+        with pytest.raises(ValueError, match="lay the parameters out with decoding.step_weights"):
+            decoding.step(graphdef, params, state, greedy, config=config)
+    plain = out["einsum"]
+    for name, got in out.items():
+        np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(plain.tokens), err_msg=name)
+        np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(plain.lengths), err_msg=name)
+        np.testing.assert_allclose(np.asarray(got.logits), np.asarray(plain.logits), atol=1e-5, rtol=0)
 
 
 def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch):
@@ -146,10 +170,12 @@ def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch)
     n = MAX - 1
     assert loops(n) == unchunked + 1  # the encoder's map over chunks
     graphdef, params = nnx.split(model)
-    batched, chunked = (
-        decoding.prefill(decoding.merged(graphdef, params, DecodeConfig(MAX, kernel=k)), ids, MAX)
-        for k in ("einsum", "cpu")
-    )
+    rows = {
+        k: decoding.prefill_chunk_rows(DecodeConfig(MAX, kernel=k), *ids.shape) for k in ("einsum", "cpu")
+    }
+    assert rows == {"einsum": ids.shape[0], "cpu": 1}  # and a TPU compiler's limit, given, on either:
+    assert decoding.prefill_chunk_rows(DecodeConfig(MAX, kernel="cpu", prefill_rows=2), *ids.shape) == 2
+    batched, chunked = (decoding.prefill(model, ids, MAX, rows=r) for r in rows.values())
     for a, b in zip(jax.tree.leaves(batched), jax.tree.leaves(chunked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
     cached = decoding.greedy_decode(model, ENC, n, return_logits=True)

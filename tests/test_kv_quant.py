@@ -37,8 +37,7 @@ def test_int8_round_trip_is_within_half_a_step_and_zeros_stay_zero():
 
 
 @pytest.mark.parametrize("K", [4, 2, 1])
-@pytest.mark.parametrize("by_head", [False, True], ids=["einsum", "cpu-step"])
-def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K, by_head):
+def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K):
     kq, kk, kv_, kb = jax.random.split(jax.random.key(K), 4)
     B, N, S, H = 2, 4, 7, 8
     q = jax.random.normal(kq, (B, 1, N, H))
@@ -46,7 +45,7 @@ def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K, by_hea
     v = kv_quant.quantize(jax.random.normal(kv_, (B, K, S, H)), "int8")
     bias = jax.random.normal(kb, (N, 1, S))
     mask = jnp.arange(S)[None, None, :] < jnp.array([7, 4])[:, None, None]
-    got = grouped_attention(q, k, v, bias=bias, mask=mask, kernel="cpu" if by_head else "einsum")
+    got = grouped_attention(q, k, v, bias=bias, mask=mask)
     want = grouped_attention(q, kv_quant.dequantize(k), kv_quant.dequantize(v), bias=bias, mask=mask)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 

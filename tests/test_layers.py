@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gqa_jax import cpu_step
 from gqa_jax.config import preset
-from gqa_jax.layers import MLP, RelativePositionBias, RMSNorm, project, relative_position_bucket
+from gqa_jax.layers import MLP, RelativePositionBias, RMSNorm, relative_position_bucket
 
 # relative position = key position - query position. Hand-derived for 32 buckets, max distance
 # 128. Bidirectional: 16 buckets per direction, 8 exact; keys after the query get +16; a
@@ -72,44 +71,3 @@ def test_gated_gelu_mlp_matches_formula():
     np.testing.assert_allclose(
         np.asarray(relu(x)), np.asarray(jax.nn.relu(x @ relu.wi_0[...]) @ relu.wo[...]), atol=1e-5
     )
-
-
-@pytest.mark.parametrize(
-    "spec, x_shape, w_shape",
-    [
-        ("BTD,DNH->BTNH", (8, 1, 16), (16, 4, 8)),  # query projection of a decode step
-        ("BSD,DKH->BKSH", (8, 1, 16), (16, 2, 8)),  # key / value: K-major output
-        ("BTNH,NHD->BTD", (8, 1, 4, 8), (4, 8, 16)),  # attention output
-        ("BTD,VD->BTV", (8, 1, 16), (40, 16)),  # tied output layer, weight stored [V, D]
-        ("BTD,DF->BTF", (6, 1, 16), (16, 24)),  # 6 rows
-    ],
-)
-def test_project_out_major_equals_einsum(spec, x_shape, w_shape, monkeypatch):
-    """Under the ``"cpu"`` kernel, a decode step's few-row products are taken out-major: the same
-    numbers as einsum; under ``"einsum"`` (the default), project is einsum itself (the row range,
-    several positions and small weights: the next test)."""
-    monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)  # these weights are small
-    kx, kw = jax.random.split(jax.random.key(0))
-    x, w = jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
-    ref = jnp.einsum(spec, x, w)
-    fast = jax.jit(lambda x, w: project(spec, x, w, kernel="cpu"))
-    hlo = fast.lower(x, w).as_text()
-    out = fast(x, w)
-    assert "optimization_barrier" in hlo
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-5)
-    assert "optimization_barrier" not in jax.jit(lambda x, w: project(spec, x, w)).lower(x, w).as_text()
-
-
-def test_project_keeps_einsum_outside_the_row_range_and_for_small_weights(monkeypatch):
-    monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 0)
-    x, w = jnp.ones((1, 1, 16)), jnp.ones((16, 24))  # one row: XLA's matrix-vector path is faster
-    big = jnp.ones((65, 1, 16))
-    positions = jnp.ones((2, 3, 16))  # 6 rows, but 3 positions a row: not a decode step (an encoder's)
-    for rows in (x, big, positions):
-        assert (
-            "optimization_barrier"
-            not in jax.jit(lambda x: project("BTD,DF->BTF", x, w, kernel="cpu")).lower(rows).as_text()
-        )
-    monkeypatch.setattr(cpu_step, "STEP_MIN_WEIGHT", 16 * 24 + 1)  # one element more than w has
-    hlo = jax.jit(lambda x: project("BTD,DF->BTF", x, w, kernel="cpu")).lower(jnp.ones((8, 1, 16))).as_text()
-    assert "optimization_barrier" not in hlo

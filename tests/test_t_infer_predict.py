@@ -256,6 +256,7 @@ def test_the_step_writes_the_cache_at_one_index_without_a_scatter_or_a_loop(tmp_
     start = compile_lowered(
         decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.mesh), "tpu"
     )
-    step = decoding.step.lower(m.graphdef, m.params, start.out_info, greedy, config=config, mesh=m.mesh)
+    weights = decoding.step_weights(m.graphdef, m.params, config)  # a TPU's: as they are
+    step = decoding.step.lower(m.graphdef, weights, start.out_info, greedy, config=config, mesh=m.mesh)
     hlo = compile_lowered(step, "tpu").as_text()
     assert not re.search(r" (scatter|while)\(", hlo)  # as an instruction (names may say either)

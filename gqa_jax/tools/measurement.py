@@ -114,9 +114,10 @@ def measure_read_bandwidth(
     batch: int, shapes: list[tuple[int, int]], dtype: Any, runs: int, big: int = BIG_MATRIX
 ) -> dict:
     """``[B, D] x [D, V]`` products: GB/s = matrix bytes / median time, per shape and per weight
-    layout: ``[D, V]`` contracted as stored (``in_out``) and ``[V, D]`` contracted out-major as
-    the CPU decode loop does (``out_in``, ``cpu_step``). The reference is the fastest product on
-    a matrix of at least ``big`` bytes (a smaller one would measure the caches)."""
+    layout: ``[D, V]`` contracted as stored (``in_out``) and ``[V, D]`` contracted out-major as the
+    CPU decode step does (``out_in``, ``layers.project`` under the ``"cpu"`` kernel). The reference
+    is the fastest product on a matrix of at least ``big`` bytes (a smaller one would measure the
+    caches)."""
     products = {
         "in_out": jax.jit(lambda x, w: x @ w),  # w [D, V]
         "out_in": jax.jit(lambda x, wt: jax.lax.optimization_barrier(wt @ x.T).T),  # wt [V, D]

@@ -325,12 +325,14 @@ def time_steps(
 ) -> dict[str, Any]:
     """``measure``'s timing of the decoder's steps alone: each call runs the prefill
     (``decoding.start``) untimed and blocks on it, then times ``decoding.finish`` (the step loop,
-    which donates its state: a fresh one per call) until ``output_len`` tokens are out."""
+    which donates its state: a fresh one per call) until ``output_len`` tokens are out. The weights
+    are laid out for the steps once, before the clock (``decoding.step_weights``)."""
     config = decoding.decode_config(output_len, mesh=mesh, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
     key, temperature = jax.random.key(0), jnp.float32(0.0)
+    weights = jax.block_until_ready(decoding.step_weights(graphdef, params, config))
 
     def steps(state: Any) -> Any:
-        return decoding.finish(graphdef, params, state, temperature, config=config, mesh=mesh)
+        return decoding.finish(graphdef, weights, state, temperature, config=config, mesh=mesh)
 
     timing, state = measure(
         steps, runs, prepare=lambda: decoding.start(graphdef, params, ids, key, config=config, mesh=mesh)

@@ -147,7 +147,10 @@ def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str,
     else:
         start = time.perf_counter()
         state = jax.tree.map(lambda a: _rows_of(a, rows, batch), compiled.out_info)
-        lowered = decoding.step.lower(m.graphdef, m.params, state, temperature, config=config, mesh=m.mesh)
+        weights = decoding.step_weights(
+            m.graphdef, m.params, config
+        )  # as they are: a TPU's kernel is "einsum"
+        lowered = decoding.step.lower(m.graphdef, weights, state, temperature, config=config, mesh=m.mesh)
         step_compiled, refused = _compile(lowered)
         out["step"] = _program(step_compiled, refused, time.perf_counter() - start)
     out["total"] = max(out["prefill"]["total"], out["step"]["total"])

@@ -1,47 +1,20 @@
 """A researcher's own tasks: task files over JSON Lines / TSV files and a TFDS dataset by name,
-fine-tuned and evaluated like a built-in task, and every bad input named in one line."""
+fine-tuned and evaluated like a built-in task, values that are not text read by the documented rule,
+and every bad input named in one line."""
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
 import tensorflow_datasets as tfds
+from data_files import rows, task_file, write, write_jsonl
 
 from gqa_jax import run_config, training
 from gqa_jax.__main__ import main
 from gqa_jax.data import pipeline as pl
-from gqa_jax.data import tasks
+from gqa_jax.data import tasks, user_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = "the quick brown fox jumps over lazy dog summarize question context answer def return".split()
-
-
-def rows(n: int, seed: int) -> list[dict[str, str]]:
-    out = []
-    for i in range(n):
-        text = " ".join(WORDS[(seed + i * 7 + j * 3) % len(WORDS)] for j in range(16))
-        out.append({"article": text, "summary": " ".join(text.split()[:3])})
-    return out
-
-
-def write_jsonl(path: Path, items: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in items))
-    return path
-
-
-def write_tsv(path: Path, items: list[dict]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(items[0]), delimiter="\t")
-        writer.writeheader()
-        writer.writerows(items)
-    return path
-
-
-def task_file(folder: Path, body: str) -> Path:
-    file = folder / "my_task.py"
-    file.write_text("from gqa_jax.data import user_tasks\n\n" + body)
-    return file
 
 
 FILES_TASK = (
@@ -52,7 +25,6 @@ FILES_TASK = (
 
 @pytest.mark.parametrize("ext,metric", [(".jsonl", "rouge"), (".tsv", "f1_em")])
 def test_a_task_from_files_fine_tunes_and_evaluates_with_its_metric(ext, metric, small_vocab, tmp_path):
-    write = write_jsonl if ext == ".jsonl" else write_tsv
     write(tmp_path / f"train{ext}", rows(24, 0))
     write(tmp_path / f"dev{ext}", rows(6, 1))
     file = task_file(tmp_path, FILES_TASK.format(ext=ext, metric=metric))
@@ -113,6 +85,14 @@ BAD = {  # what the task file or its files hold -> the one line that names it
                  "train.jsonl, line 2: not JSON"),
     "unknown metric": ({"train.jsonl": '{"article": "a", "summary": "b"}\n'},
                        "task mine: unknown metric 'rogue'; known: rouge"),
+    "a null": ({"train.jsonl": '{"article": "a", "summary": "b"}\n\n{"article": "a", "summary": null}\n'},
+               "train.jsonl, line 3: field 'summary' is null, not text: give it a text or leave the row out"),
+    "an object": ({"train.jsonl": '{"article": {"title": "a"}, "summary": "b"}\n'},
+                  "train.jsonl, line 1: field 'article' is an object, not text"),
+    "a list holding null": ({"train.jsonl": '{"article": "a", "summary": ["b", null]}\n'},
+                            "train.jsonl, line 1: field 'summary' holds null, not text"),
+    "an empty list": ({"train.jsonl": '{"article": [], "summary": "b"}\n'},
+                      "train.jsonl, line 1: field 'article' is an empty list"),
 }  # fmt: skip
 
 
@@ -132,6 +112,32 @@ def test_bad_input_is_one_line_before_any_work_and_nothing_is_written(case, smal
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0] and str(file) in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == before
+
+
+def test_numbers_and_lists_where_text_goes_are_read_by_the_documented_rule(tmp_path):
+    items = [{"article": 42, "summary": 2.5}, {"article": ["a", "b", 3], "summary": ["Paris", "Paris, FR"]},
+             {"article": True, "summary": ["one"]}]  # fmt: skip
+    write(tmp_path / "train.jsonl", items)
+    table = [
+        {"article": 7, "summary": ["x"]},
+        {"article": 8, "summary": ["y", "z"]},
+    ]  # an int and a list column
+    write(tmp_path / "train.parquet", table)
+    seen = {}
+    for name in ("train.jsonl", "train.parquet"):
+        task = user_tasks.from_files("mine", train=name, inputs="article", targets="summary", input_length=8,
+                                     target_length=8, metric="f1_em", base=tmp_path)  # fmt: skip
+        source = tasks.open_split(task, "train", tmp_path / "data")
+        seen[name] = [(task.input_text(ex), task.reference_texts(ex)) for ex in source]
+    assert seen == {
+        "train.jsonl": [("42", ["2.5"]), ("a b 3", ["Paris", "Paris, FR"]), ("true", ["one"])],
+        "train.parquet": [("7", ["x"]), ("8", ["y", "z"])],
+    }
+    write(tmp_path / "null.parquet", [{"article": "a", "summary": "b"}, {"article": "c", "summary": None}])
+    task = user_tasks.from_files("mine", train="null.parquet", inputs="article", targets="summary",
+                                 input_length=8, target_length=8, metric="rouge", base=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match=r"null.parquet, row 2: field 'summary' is null, not text"):
+        tasks.open_split(task, "train", tmp_path / "data")
 
 
 def test_a_task_file_that_sets_no_task_or_does_not_exist(tmp_path):

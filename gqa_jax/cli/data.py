@@ -12,7 +12,8 @@ at a task's batches.
                                             decoded rows of the first batch, and its shapes
 
 TASK is a name from ``data tasks`` or a task file, a .py file that sets ``TASK`` from the
-researcher's own JSON Lines / TSV / CSV files or a TFDS dataset by name (``gqa_jax.data.user_tasks``).
+researcher's own files (JSON Lines, JSON, CSV, TSV, Parquet) or a TFDS dataset by name
+(``gqa_jax.data.user_tasks``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""A researcher's own tasks: task files over JSON Lines / TSV files and a TFDS dataset by name,
-fine-tuned and evaluated like a built-in task, values that are not text read by the documented rule,
-and every bad input named in one line."""
+"""A researcher's own tasks: docs/data.md's worked examples (Parquet, a sharded split, compressed
+files) run from another folder from ``data show`` to a score, a span-corruption task, a TFDS dataset
+by name, values that are not text read by the documented rule, and every bad input named in one line."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import tensorflow_datasets as tfds
 from data_files import rows, task_file, write, write_jsonl
 
-from gqa_jax import run_config, training
 from gqa_jax.__main__ import main
 from gqa_jax.data import pipeline as pl
 from gqa_jax.data import tasks, user_tasks
@@ -23,26 +23,61 @@ FILES_TASK = (
 )
 
 
-@pytest.mark.parametrize("ext,metric", [(".jsonl", "rouge"), (".tsv", "f1_em")])
-def test_a_task_from_files_fine_tunes_and_evaluates_with_its_metric(ext, metric, small_vocab, tmp_path):
-    write(tmp_path / f"train{ext}", rows(24, 0))
-    write(tmp_path / f"dev{ext}", rows(6, 1))
-    file = task_file(tmp_path, FILES_TASK.format(ext=ext, metric=metric))
-    task = tasks.get_task(str(file))
-    assert (task.name, task.metric, len(tasks.open_split(str(file), "train"))) == ("mine", metric, 24)
-    config = run_config.load(
-        f"{REPO}/configs/finetune.py:task={file},steps=2",
-        [f"--config.vocab={small_vocab.path}", "--config.batch_size=4", "--config.eval_every=-1",
-         "--config.eval_at_start=False", "--config.progress=False", "--config.log_every=1"],
-    )  # fmt: skip
-    summary = training.train(config, tmp_path / "ft")
-    assert summary["final_step"] == 2
-    out = tmp_path / "ev"
-    assert main(["evaluate", "--workdir", str(out), "--model", str(tmp_path / "ft" / "model"), "--task",
-                 str(file), "--vocab", str(small_vocab.path), "--examples", "4"]) == 0  # fmt: skip
-    result = json.loads((out / "results.json").read_text())
-    assert (result["task"], result["metric"], result["examples"]) == ("mine", metric, 4)
-    assert set(result["scores"]) >= ({"rouge1"} if metric == "rouge" else {"f1", "em"})
+def renamed(items: list[dict], inputs: str, targets: str, **more) -> list[dict]:
+    return [{inputs: r["article"], targets: r["summary"], **more} for r in items]
+
+
+EXAMPLES = {  # a worked example's task file in docs/data.md -> the data files it reads, and its metric
+    "parquet_task.py": ({
+        "train.parquet": renamed(rows(24, 0), "document", "summary", id=1, n_words=16),
+        "validation.parquet": renamed(rows(6, 1), "document", "summary", id=2, n_words=16),
+    }, "rouge", "rouge1"),
+    "sharded_task.py": ({
+        **{f"shards/train-0000{i}-of-00003.tsv": renamed(rows(8, i), "question", "answer") for i in range(3)},
+        "shards/dev-a.tsv": renamed(rows(3, 3), "question", "answer"),
+        "shards/dev-b.tsv": renamed(rows(3, 4), "question", "answer"),
+    }, "f1_em", "f1"),
+    "compressed_task.py": ({
+        "train.jsonl.gz": renamed(rows(24, 0), "en", "de"),
+        "dev.csv.bz2": renamed(rows(6, 1), "en", "de"),
+    }, "bleu", "bleu"),
+}  # fmt: skip
+
+
+def docs_task_file(name: str) -> str:
+    """The task file ``name`` as docs/data.md writes it (its code block's first line names it)."""
+    found = re.search(
+        rf"```python\n# {re.escape(name)}\n(.*?)```", (REPO / "docs" / "data.md").read_text(), re.S
+    )
+    assert found, f"docs/data.md has no task file {name}"
+    return found[1]
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_a_worked_example_of_the_docs_runs_from_another_folder(
+    name, small_vocab, tmp_path, monkeypatch, capsys
+):
+    files, metric, score = EXAMPLES[name]
+    for file, items in files.items():  # a spreadsheet's CSV starts with a byte-order mark
+        write(tmp_path / file, items, encoding="utf-8-sig" if ".csv" in file else "utf-8")
+    (tmp_path / name).write_text(docs_task_file(name))
+    monkeypatch.chdir(tmp_path)
+    vocab = str(small_vocab.path)
+    assert main(["data", "show", name, "--vocab", vocab, "-n", "1"]) == 0
+    assert "encoder_input_tokens: (1, " in capsys.readouterr().out
+    assert main(["train", "--config", f"finetune:task={name},steps=2", "--workdir", "ft",
+                 f"--config.vocab={vocab}", "--config.batch_size=4", "--config.eval_every=-1",
+                 "--config.eval_at_start=False", "--config.progress=False"]) == 0  # fmt: skip
+    assert main(["evaluate", "--workdir", "ev", "--model", "ft/model", "--task", name, "--vocab", vocab,
+                 "--examples", "4"]) == 0  # fmt: skip
+    result = json.loads(Path("ev/results.json").read_text())
+    assert (result["task"], result["metric"], result["examples"], result["split"]) == (
+        tasks.get_task(name).name,
+        metric,
+        4,
+        "validation",
+    )
+    assert score in result["scores"]
 
 
 def test_a_span_corruption_task_from_a_text_field(small_vocab, tmp_path):

@@ -1,5 +1,6 @@
 """Data files for the task-file tests, written in the real formats by Python's own writers (csv,
-json, gzip / bz2 / lzma) and pyarrow for Parquet, and task files that read them."""
+json, gzip / bz2 / lzma) and pyarrow for Parquet, task files that read them, and the one line
+``train`` refuses a bad one with."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gqa_jax.__main__ import main
+
+REPO = Path(__file__).resolve().parents[1]
 WORDS = "the quick brown fox jumps over lazy dog summarize question context answer def return".split()
 OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
@@ -55,3 +59,17 @@ def task_file(folder: Path, body: str) -> Path:
     file = folder / "my_task.py"
     file.write_text("from gqa_jax.data import user_tasks\n\n" + body)
     return file
+
+
+def refused_by_train(file: Path, vocab: Path, capsys) -> str:
+    """The one stderr line ``train`` on task file ``file`` exits 2 with, having written nothing in
+    the task file's folder (its data directory: ``data/`` there)."""
+    folder = file.parent
+    before = sorted(p.name for p in folder.iterdir())
+    code = main(["train", "--config", f"{REPO}/configs/finetune.py:task={file}", "--workdir",
+                 str(folder / "run"), f"--config.vocab={vocab}",
+                 f"--config.data_dir={folder / 'data'}"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and str(file) in err[0], err
+    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == before
+    return err[0]

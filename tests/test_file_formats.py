@@ -7,12 +7,10 @@ import bz2
 from pathlib import Path
 
 import pytest
-from data_files import rows, task_file, write
+from data_files import refused_by_train, rows, task_file, write
 
-from gqa_jax.__main__ import main
 from gqa_jax.data import tasks, user_tasks
 
-REPO = Path(__file__).resolve().parents[1]
 ITEMS = [  # a quoted comma and quote, a newline, non-ASCII text, a cell past csv's 131072 characters
     {"id": 1, "article": 'Zoë said, "café"\nand left', "summary": "Zoë left"},
     {"id": 2, "article": "naïve " * 30_000, "summary": "long"},
@@ -114,10 +112,4 @@ def test_a_file_that_cannot_be_read_is_one_line_naming_it_and_nothing_is_written
         f'TASK = user_tasks.from_files("mine", train={spec!r}, inputs="article", '
         f'targets="summary", input_length=16, target_length=8, metric="rouge"{extra})\n',
     )
-    before = sorted(p.name for p in tmp_path.iterdir())
-    code = main(["train", "--config", f"{REPO}/configs/finetune.py:task={file}", "--workdir",
-                 str(tmp_path / "run"), f"--config.vocab={small_vocab.path}",
-                 f"--config.data_dir={tmp_path / 'data'}"])  # fmt: skip
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and message in err[0] and str(file) in err[0], err
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == before
+    assert message in refused_by_train(file, small_vocab.path, capsys)

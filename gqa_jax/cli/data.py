@@ -31,10 +31,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     sub.add_parser("tasks", help="list the tasks", description="The tasks: source, lengths, metric.")
     prep = sub.add_parser(
         "prepare",
-        help="build a task's dataset as array_record (TFDS download, MediaSum from local files)",
+        help="build a task's dataset as array_record (TFDS download, MediaSum or a task file's files)",
         description="Download (where allowed) and build a task's TFDS dataset as array_record, the "
         "format the pipelines read by random access. MediaSum reads its released JSON files from "
-        "--manual-dir; the stdlib_* tasks build from the local Python.",
+        "--manual-dir; the stdlib_* tasks build from the local Python; a task file's files are "
+        "converted, so that a split larger than memory is read record by record.",
     )
     prep.add_argument("task", help=f"one of: {', '.join(tasks_lib.TASKS)}; or a task file (my_task.py)")
     prep.add_argument("--data-dir", default=None, help="TFDS data directory (default: $GQA_JAX_DATA_DIR, "

@@ -74,7 +74,8 @@ def texts(value: Any) -> list[str]:
 
 
 class FileSplits(Protocol):
-    """The splits of a task read from files (``user_tasks``)."""
+    """The splits of a task read from files (``user_tasks``): each opened from its prepared copy in
+    a data directory, else read into memory."""
 
     def open(self, split: str, data_dir: str | os.PathLike) -> Sequence[Example]: ...
 
@@ -435,8 +436,8 @@ def open_split(task: str | Task, split: str, data_dir: str | os.PathLike | None 
 
 
 def open_files(task: Task, data_dir: str | os.PathLike | None = None) -> None:
-    """A task read from files: every split opened now (its files read and checked), so a bad file
-    or row is named before any work. Nothing for other tasks."""
+    """A task read from files: every split opened now (its prepared copy found, else its files read
+    and checked into memory), so a bad file or row is named before any work. Nothing for others."""
     if task.files is not None:
         for split in task.splits:
             open_split(task, split, data_dir)
@@ -473,7 +474,7 @@ def prepare(
 
     Returns examples per split. Needs network access for the TFDS datasets; MediaSum reads the
     release files from ``manual_dir``; the stdlib suite is built from the local Python; a task
-    read from files has nothing to build (its files are read and checked).
+    read from files is written as array_record from its files (``user_tasks``).
     """
     task = get_task(task)
     data_dir = str(data_dir) if data_dir is not None else default_data_dir()

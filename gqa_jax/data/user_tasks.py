@@ -14,13 +14,15 @@ Every command that takes a task name takes the file's path instead (``data show 
 ``--config.task=my_task.py``, a sweep's ``--set task=my_task.py``): ``tasks.get_task`` loads it.
 A relative file name in a task file is read against the task file's folder.
 
-A task's files are found and named when the task is made; its rows are read into memory when a
-split is first opened (``tasks.open_files`` opens every split before a run's work), once per
-process. A file, line or field that cannot be read is a one-line ``ValueError`` naming it and the fix.
+A task's files are found and named when the task is made; its rows are read when a split is first
+opened (``tasks.open_files`` opens every split before a run's work): from the copy ``data prepare``
+wrote as array_record (``task_records``, read by index), else whole into memory, once per process.
+A file, line or field that cannot be read is a one-line ``ValueError`` naming it and the fix.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -30,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from gqa_jax import metrics
-from gqa_jax.data import file_formats
+from gqa_jax.data import file_formats, task_records
 from gqa_jax.data.span_corruption import span_corruption_lengths
 from gqa_jax.data.tasks import SPLITS, Example, Task, task_file_folder
+from gqa_jax.log import log
 
 REFERENCES = "gqa_jax:references"  # a row's accepted answers, where its targets field holds a list
 _KINDS = {type(None): "null", dict: "an object", list: "a list"}
@@ -101,7 +104,8 @@ class _Rows(Sequence[Example]):
 
 
 class _FileSplits:
-    """A task's splits read from files, each read whole into memory (once per process)."""
+    """A task's splits read from files: from a prepared copy in the data directory where one was
+    made from the files as they are, else read whole into memory (once per process)."""
 
     def __init__(self, name: str, files: dict[str, list[Path]], inputs: str, targets: str | None,
                  encoding: str):  # fmt: skip
@@ -122,15 +126,27 @@ class _FileSplits:
             where = files[0] if len(files) == 1 else f"task {self.name}, split {split} ({len(files)} files)"
             raise ValueError(f"{where}: no examples (an empty split): give it a file with rows")
 
+    def made_from(self) -> dict[str, Any]:
+        """What a prepared copy of these splits is made from (``task_records``)."""
+        files = {split: [[str(p), (st := p.stat()).st_size, st.st_mtime_ns] for p in paths]
+                 for split, paths in self.files.items()}  # fmt: skip
+        return {"files": files, "inputs": self.inputs, "targets": self.targets, "encoding": self.encoding}
+
     def open(self, split: str, data_dir: str | os.PathLike) -> Sequence[Example]:
-        """``split``'s examples by index, held in memory."""
+        """``split``'s examples by index: the prepared copy's records, else the rows in memory."""
+        copy = task_records.find(data_dir, self.name, self.made_from())
+        if copy is not None:
+            return task_records.open_split(copy, split)
         if split not in self._memory:
             self._memory[split] = _Rows(list(self.examples(split)))
         return self._memory[split]
 
     def prepare(self, data_dir: str | os.PathLike) -> dict[str, int]:
-        """Nothing to build: every split read and checked; its examples."""
-        return {split: len(self.open(split, data_dir)) for split in self.files}
+        """Write the prepared copy (every row checked; nothing left behind on an error)."""
+        splits = {s: functools.partial(self.examples, s) for s in self.files}
+        copy, counts, written = task_records.write(data_dir, self.name, self.made_from(), splits)
+        log(f"task {self.name}: {'prepared' if written else 'found prepared'} in {copy}")
+        return counts
 
 
 def _check_metric(name: str, metric: str | None, span_corruption: bool) -> None:

@@ -42,7 +42,7 @@ _UNREADABLE = (OSError, EOFError, lzma.LZMAError, zlib.error)  # a damaged or mi
 Files = str | os.PathLike | Sequence[str | os.PathLike]
 
 
-def kind(path: Path) -> tuple[str, str]:
+def _kind(path: Path) -> tuple[str, str]:
     """``(format, compression)`` of a file from its name (``train.jsonl.gz``: ``("jsonl", ".gz")``)."""
     suffixes = [s.lower() for s in path.suffixes]
     compression = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSIONS else ""
@@ -54,14 +54,18 @@ def kind(path: Path) -> tuple[str, str]:
     return FORMATS[suffix], compression
 
 
+def names(files: Files) -> list[str | os.PathLike]:
+    """The file names and globs a split is given as (one, or a list)."""
+    return [files] if isinstance(files, (str, os.PathLike)) else list(files)
+
+
 def split_files(files: Files, root: Path) -> list[Path]:
     """The files a split names, each read against ``root``: one path, a glob (its matches in the
     order of their names) or a list of either (in the list's order)."""
-    names = [files] if isinstance(files, (str, os.PathLike)) else list(files)
-    if not names:
+    if not names(files):
         raise ValueError("an empty list of files; give a file, a glob or a list of files")
     out: list[Path] = []
-    for name in names:
+    for name in names(files):
         path = root / Path(name).expanduser()
         if _GLOB.search(os.fspath(name)):
             found = sorted(Path(p) for p in glob.glob(os.fspath(path), recursive=True) if os.path.isfile(p))
@@ -73,7 +77,7 @@ def split_files(files: Files, root: Path) -> list[Path]:
         else:
             out.append(path)
     for path in out:
-        kind(path)
+        _kind(path)
     twice = sorted({str(p) for p in out if out.count(p) > 1})
     if twice:
         raise ValueError(f"{twice[0]}: named twice in one split; name each file once")
@@ -94,7 +98,7 @@ def check_encoding(encoding: str) -> str:
 def rows(path: Path, fields: Sequence[str], encoding: str = "utf-8") -> Iterator[tuple[str, dict[str, Any]]]:
     """``(where, row)`` for each row of ``path``, in order; a CSV / TSV header and a Parquet schema
     must hold ``fields`` (rows hold what the file holds: the caller checks the values)."""
-    form, compression = kind(path)
+    form, compression = _kind(path)
     if form == "parquet":
         yield from _parquet(path, fields)
         return

@@ -31,7 +31,7 @@ def _digest(made_from: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def folder(data_dir: str | os.PathLike, name: str, made_from: Mapping[str, Any]) -> Path:
+def _folder(data_dir: str | os.PathLike, name: str, made_from: Mapping[str, Any]) -> Path:
     """Where the copy of task ``name`` made from ``made_from`` lives (``made_from["files"]``: split
     -> ``[[path, size, mtime_ns], ...]``)."""
     return Path(data_dir) / ROOT / name / _digest(made_from)
@@ -43,7 +43,7 @@ def find(data_dir: str | os.PathLike, name: str, made_from: Mapping[str, Any]) -
     exhaust it). A data directory at a URL (``gs://``) holds none."""
     if "://" in str(data_dir):
         return None
-    here = folder(data_dir, name, made_from)
+    here = _folder(data_dir, name, made_from)
     if (here / MANIFEST).is_file():
         return here
     paths = _paths(made_from)
@@ -84,7 +84,7 @@ def write(
     nothing behind."""
     if "://" in str(data_dir):
         raise ValueError(f"task {name}: a prepared copy is written to a local --data-dir, not {data_dir}")
-    final = folder(data_dir, name, made_from)
+    final = _folder(data_dir, name, made_from)
     if (final / MANIFEST).is_file():
         return final, json.loads((final / MANIFEST).read_text())["examples"], False
     made = [p for p in final.parents[2::-1] if not p.exists()]  # data_dir, task_files, the task's

@@ -225,9 +225,10 @@ def from_files(
             paths[split] = file_formats.split_files(spec, root)
         except ValueError as err:
             raise ValueError(f"task {name}, {split}=: {err}") from None
+    named = [str(root / Path(f).expanduser()) for spec in files.values() for f in file_formats.names(spec)]
     return Task(
         name=name,
-        source=", ".join(str(p) for split in paths.values() for p in split),
+        source=", ".join(named),
         inputs=inputs,
         targets=targets,
         input_length=input_length,

@@ -67,7 +67,7 @@ def split_files(files: Files, root: Path) -> list[Path]:
     out: list[Path] = []
     for name in names(files):
         path = root / Path(name).expanduser()
-        if _GLOB.search(os.fspath(name)):
+        if _GLOB.search(os.fspath(name)) and not path.is_file():  # a glob (not a name holding "[")
             found = sorted(Path(p) for p in glob.glob(os.fspath(path), recursive=True) if os.path.isfile(p))
             if not found:
                 raise ValueError(f"{path}: no file matches this glob (relative names read against {root})")

@@ -45,11 +45,15 @@ def load_module(file: str | os.PathLike) -> Any:
     return module
 
 
+_SHIPPED_NAME = re.compile(r"\w+")  # a shipped config's name: no folder, no .py
+
+
 def load_file(spec: str | os.PathLike) -> ml_collections.ConfigDict:
     """``path.py[:variant]`` (a file) or ``name[:variant]`` (a shipped config, ``finetune:task=x``:
-    ``gqa_jax.shipped``) -> the file's ``get_config(variant)``."""
+    ``gqa_jax.shipped``; its variant may name a task file, ``finetune:task=my_task.py``) -> the
+    file's ``get_config(variant)``."""
     spec = str(spec)
-    if ".py" in spec:
+    if ".py" in spec and not _SHIPPED_NAME.fullmatch(spec.partition(":")[0]):
         path, _, variant = spec.partition(".py:")
         file = Path(path + ".py" if _ else path).expanduser()
         if not file.is_file():

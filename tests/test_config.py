@@ -200,3 +200,5 @@ def test_path_fields_are_made_absolute_where_the_user_typed_them(tmp_path, monke
     assert (config.task, config.vocab) == (str(tmp_path / "my_task.py"), f"{home}/spm.model")
     assert (config.data_dir, config.init_from) == (str(tmp_path / "data"), "gs://b/m")
     assert run_config.load(CONFIGS / "finetune.py:task=stdlib_docsum").task == "stdlib_docsum"
+    # a shipped config by name, its variant naming a task file (not taken for a config file's path)
+    assert run_config.load("finetune:task=my_task.py").task == str(tmp_path / "my_task.py")

@@ -1,47 +1,20 @@
-"""A researcher's own tasks: task files over JSON Lines / TSV files and a TFDS dataset by name,
-fine-tuned and evaluated like a built-in task, and every bad input named in one line."""
+"""A researcher's own tasks: docs/data.md's worked examples (Parquet, a sharded split, compressed
+files) run from another folder from ``data show`` to a score, a span-corruption task, a TFDS dataset
+by name, values that are not text read by the documented rule, and every bad input named in one line."""
 
-import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
 import tensorflow_datasets as tfds
+from data_files import refused_by_train, rows, task_file, write, write_jsonl
 
-from gqa_jax import run_config, training
 from gqa_jax.__main__ import main
 from gqa_jax.data import pipeline as pl
-from gqa_jax.data import tasks
+from gqa_jax.data import task_records, tasks, user_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = "the quick brown fox jumps over lazy dog summarize question context answer def return".split()
-
-
-def rows(n: int, seed: int) -> list[dict[str, str]]:
-    out = []
-    for i in range(n):
-        text = " ".join(WORDS[(seed + i * 7 + j * 3) % len(WORDS)] for j in range(16))
-        out.append({"article": text, "summary": " ".join(text.split()[:3])})
-    return out
-
-
-def write_jsonl(path: Path, items: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in items))
-    return path
-
-
-def write_tsv(path: Path, items: list[dict]) -> Path:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(items[0]), delimiter="\t")
-        writer.writeheader()
-        writer.writerows(items)
-    return path
-
-
-def task_file(folder: Path, body: str) -> Path:
-    file = folder / "my_task.py"
-    file.write_text("from gqa_jax.data import user_tasks\n\n" + body)
-    return file
 
 
 FILES_TASK = (
@@ -50,27 +23,66 @@ FILES_TASK = (
 )
 
 
-@pytest.mark.parametrize("ext,metric", [(".jsonl", "rouge"), (".tsv", "f1_em")])
-def test_a_task_from_files_fine_tunes_and_evaluates_with_its_metric(ext, metric, small_vocab, tmp_path):
-    write = write_jsonl if ext == ".jsonl" else write_tsv
-    write(tmp_path / f"train{ext}", rows(24, 0))
-    write(tmp_path / f"dev{ext}", rows(6, 1))
-    file = task_file(tmp_path, FILES_TASK.format(ext=ext, metric=metric))
-    task = tasks.get_task(str(file))
-    assert (task.name, task.metric, len(tasks.open_split(str(file), "train"))) == ("mine", metric, 24)
-    config = run_config.load(
-        f"{REPO}/configs/finetune.py:task={file},steps=2",
-        [f"--config.vocab={small_vocab.path}", "--config.batch_size=4", "--config.eval_every=-1",
-         "--config.eval_at_start=False", "--config.progress=False", "--config.log_every=1"],
-    )  # fmt: skip
-    summary = training.train(config, tmp_path / "ft")
-    assert summary["final_step"] == 2
-    out = tmp_path / "ev"
-    assert main(["evaluate", "--workdir", str(out), "--model", str(tmp_path / "ft" / "model"), "--task",
-                 str(file), "--vocab", str(small_vocab.path), "--examples", "4"]) == 0  # fmt: skip
-    result = json.loads((out / "results.json").read_text())
-    assert (result["task"], result["metric"], result["examples"]) == ("mine", metric, 4)
-    assert set(result["scores"]) >= ({"rouge1"} if metric == "rouge" else {"f1", "em"})
+def renamed(items: list[dict], inputs: str, targets: str, **more) -> list[dict]:
+    return [{inputs: r["article"], targets: r["summary"], **more} for r in items]
+
+
+EXAMPLES = {  # a worked example's task file in docs/data.md -> the data files it reads, and its metric
+    "parquet_task.py": ({
+        "train.parquet": renamed(rows(24, 0), "document", "summary", id=1, n_words=16),
+        "validation.parquet": renamed(rows(6, 1), "document", "summary", id=2, n_words=16),
+    }, "rouge", "rouge1"),
+    "sharded_task.py": ({
+        **{f"shards/train-0000{i}-of-00003.tsv": renamed(rows(8, i), "question", "answer") for i in range(3)},
+        "shards/dev-a.tsv": renamed(rows(3, 3), "question", "answer"),
+        "shards/dev-b.tsv": renamed(rows(3, 4), "question", "answer"),
+    }, "f1_em", "f1"),
+    "compressed_task.py": ({
+        "train.jsonl.gz": renamed(rows(24, 0), "en", "de"),
+        "dev.csv.bz2": renamed(rows(6, 1), "en", "de"),
+    }, "bleu", "bleu"),
+}  # fmt: skip
+
+
+def docs_task_file(name: str) -> str:
+    """The task file ``name`` as docs/data.md writes it (its code block's first line names it)."""
+    found = re.search(
+        rf"```python\n# {re.escape(name)}\n(.*?)```", (REPO / "docs" / "data.md").read_text(), re.S
+    )
+    assert found, f"docs/data.md has no task file {name}"
+    return found[1]
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_a_worked_example_of_the_docs_runs_from_another_folder(
+    name, small_vocab, tmp_path, monkeypatch, capsys
+):
+    files, metric, score = EXAMPLES[name]
+    for file, items in files.items():  # a spreadsheet's CSV starts with a byte-order mark
+        write(tmp_path / file, items, encoding="utf-8-sig" if ".csv" in file else "utf-8")
+    (tmp_path / name).write_text(docs_task_file(name))
+    monkeypatch.chdir(tmp_path)
+    vocab, data = str(small_vocab.path), []
+    if name == "sharded_task.py":  # run prepared, as docs/data.md says
+        assert main(["data", "prepare", name, "--data-dir", "data"]) == 0
+        assert isinstance(tasks.open_split(name, "train", "data"), task_records.Records)
+        data = ["--data-dir", "data"]
+    assert main(["data", "show", name, "--vocab", vocab, "-n", "1", *data]) == 0
+    assert "encoder_input_tokens: (1, " in capsys.readouterr().out
+    assert main(["train", "--config", f"finetune:task={name},steps=2", "--workdir", "ft",
+                 f"--config.vocab={vocab}", "--config.batch_size=4", "--config.eval_every=-1",
+                 "--config.eval_at_start=False", "--config.progress=False",
+                 *(["--config.data_dir=data"] if data else [])]) == 0  # fmt: skip
+    assert main(["evaluate", "--workdir", "ev", "--model", "ft/model", "--task", name, "--vocab", vocab,
+                 "--examples", "4", *data]) == 0  # fmt: skip
+    result = json.loads(Path("ev/results.json").read_text())
+    assert (result["task"], result["metric"], result["examples"], result["split"]) == (
+        tasks.get_task(name).name,
+        metric,
+        4,
+        "validation",
+    )
+    assert score in result["scores"]
 
 
 def test_a_span_corruption_task_from_a_text_field(small_vocab, tmp_path):
@@ -113,6 +125,14 @@ BAD = {  # what the task file or its files hold -> the one line that names it
                  "train.jsonl, line 2: not JSON"),
     "unknown metric": ({"train.jsonl": '{"article": "a", "summary": "b"}\n'},
                        "task mine: unknown metric 'rogue'; known: rouge"),
+    "a null": ({"train.jsonl": '{"article": "a", "summary": "b"}\n\n{"article": "a", "summary": null}\n'},
+               "train.jsonl, line 3: field 'summary' is null, not text: give it a text or leave the row out"),
+    "an object": ({"train.jsonl": '{"article": {"title": "a"}, "summary": "b"}\n'},
+                  "train.jsonl, line 1: field 'article' is an object, not text"),
+    "a list holding null": ({"train.jsonl": '{"article": "a", "summary": ["b", null]}\n'},
+                            "train.jsonl, line 1: field 'summary' holds null, not text"),
+    "an empty list": ({"train.jsonl": '{"article": [], "summary": "b"}\n'},
+                      "train.jsonl, line 1: field 'article' is an empty list"),
 }  # fmt: skip
 
 
@@ -125,13 +145,33 @@ def test_bad_input_is_one_line_before_any_work_and_nothing_is_written(case, smal
     file = task_file(
         tmp_path, FILES_TASK.format(ext=".jsonl", metric=metric).replace(', validation="dev.jsonl"', "")
     )
-    before = sorted(p.name for p in tmp_path.iterdir())
-    work = tmp_path / "run"
-    code = main(["train", "--config", f"{REPO}/configs/finetune.py:task={file}", "--workdir", str(work),
-                 f"--config.vocab={small_vocab.path}"])  # fmt: skip
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and message in err[0] and str(file) in err[0], err
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == before
+    assert message in refused_by_train(file, small_vocab.path, capsys)
+
+
+def test_numbers_and_lists_where_text_goes_are_read_by_the_documented_rule(tmp_path):
+    items = [{"article": 42, "summary": 2.5}, {"article": ["a", "b", 3], "summary": ["Paris", "Paris, FR"]},
+             {"article": True, "summary": ["one"]}]  # fmt: skip
+    write(tmp_path / "train.jsonl", items)
+    table = [
+        {"article": 7, "summary": ["x"]},
+        {"article": 8, "summary": ["y", "z"]},
+    ]  # an int and a list column
+    write(tmp_path / "train.parquet", table)
+    seen = {}
+    for name in ("train.jsonl", "train.parquet"):
+        task = user_tasks.from_files("mine", train=name, inputs="article", targets="summary", input_length=8,
+                                     target_length=8, metric="f1_em", base=tmp_path)  # fmt: skip
+        source = tasks.open_split(task, "train", tmp_path / "data")
+        seen[name] = [(task.input_text(ex), task.reference_texts(ex)) for ex in source]
+    assert seen == {
+        "train.jsonl": [("42", ["2.5"]), ("a b 3", ["Paris", "Paris, FR"]), ("true", ["one"])],
+        "train.parquet": [("7", ["x"]), ("8", ["y", "z"])],
+    }
+    write(tmp_path / "null.parquet", [{"article": "a", "summary": "b"}, {"article": "c", "summary": None}])
+    task = user_tasks.from_files("mine", train="null.parquet", inputs="article", targets="summary",
+                                 input_length=8, target_length=8, metric="rouge", base=tmp_path)  # fmt: skip
+    with pytest.raises(ValueError, match=r"null.parquet, row 2: field 'summary' is null, not text"):
+        tasks.open_split(task, "train", tmp_path / "data")
 
 
 def test_a_task_file_that_sets_no_task_or_does_not_exist(tmp_path):

@@ -12,7 +12,8 @@ at a task's batches.
                                             decoded rows of the first batch, and its shapes
 
 TASK is a name from ``data tasks`` or a task file, a .py file that sets ``TASK`` from the
-researcher's own JSON Lines / TSV / CSV files or a TFDS dataset by name (``gqa_jax.data.user_tasks``).
+researcher's own files (JSON Lines, JSON, CSV, TSV, Parquet) or a TFDS dataset by name
+(``gqa_jax.data.user_tasks``).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     sub.add_parser("tasks", help="list the tasks", description="The tasks: source, lengths, metric.")
     prep = sub.add_parser(
         "prepare",
-        help="build a task's dataset as array_record (TFDS download, MediaSum from local files)",
+        help="build a task's dataset as array_record (TFDS download, MediaSum or a task file's files)",
         description="Download (where allowed) and build a task's TFDS dataset as array_record, the "
         "format the pipelines read by random access. MediaSum reads its released JSON files from "
-        "--manual-dir; the stdlib_* tasks build from the local Python.",
+        "--manual-dir; the stdlib_* tasks build from the local Python; a task file's files are "
+        "converted, so that a split larger than memory is read record by record.",
     )
     prep.add_argument("task", help=f"one of: {', '.join(tasks_lib.TASKS)}; or a task file (my_task.py)")
     prep.add_argument("--data-dir", default=None, help="TFDS data directory (default: $GQA_JAX_DATA_DIR, "

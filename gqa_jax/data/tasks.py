@@ -46,7 +46,7 @@ import textwrap
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -73,6 +73,15 @@ def texts(value: Any) -> list[str]:
     return [text(v) for v in np.asarray(value, dtype=object).reshape(-1)]
 
 
+class FileSplits(Protocol):
+    """The splits of a task read from files (``user_tasks``): each opened from its prepared copy in
+    a data directory, else read into memory."""
+
+    def open(self, split: str, data_dir: str | os.PathLike) -> Sequence[Example]: ...
+
+    def prepare(self, data_dir: str | os.PathLike) -> dict[str, int]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """One task. ``inputs`` / ``targets`` name a text feature or compute the text from an example.
@@ -93,8 +102,7 @@ class Task:
       tfds_module: module whose import registers the builder (TFDS registers lazily without TF).
       prepare: how to prepare the data, printed when it is missing.
       file: the task file that set this task (``get_task`` fills it in), where it has one.
-      examples: split -> its examples, for a task read from files (``user_tasks.from_files``)
-        instead of TFDS.
+      files: the splits of a task read from files (``user_tasks.from_files``) instead of TFDS.
     """
 
     name: str
@@ -113,9 +121,7 @@ class Task:
     prepare: str = ""
     description: str = ""
     file: str = ""
-    examples: Mapping[str, Sequence[Example]] | None = dataclasses.field(
-        default=None, compare=False, repr=False
-    )
+    files: FileSplits | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.input_length < 2 or self.target_length < 2:
@@ -391,9 +397,12 @@ def open_split(task: str | Task, split: str, data_dir: str | os.PathLike | None 
     """
     task = get_task(task)
     tfds_split = _check_split(task, split)
-    if task.examples is not None:
-        return task.examples[tfds_split]
     data_dir = str(data_dir) if data_dir is not None else default_data_dir()
+    if task.files is not None:
+        try:
+            return task.files.open(tfds_split, data_dir)
+        except ValueError as err:
+            raise ValueError(f"task file {task.file}: {err}" if task.file else str(err)) from None
     _import_builders(task)
     import tensorflow_datasets as tfds
 
@@ -426,6 +435,14 @@ def open_split(task: str | Task, split: str, data_dir: str | os.PathLike | None 
     ) from cause
 
 
+def open_files(task: Task, data_dir: str | os.PathLike | None = None) -> None:
+    """A task read from files: every split opened now (its prepared copy found, else its files read
+    and checked into memory), so a bad file or row is named before any work. Nothing for others."""
+    if task.files is not None:
+        for split in task.splits:
+            open_split(task, split, data_dir)
+
+
 # Well-known hosts probed before a download: when none answers, there is no network to download from.
 PROBE_HOSTS = (("storage.googleapis.com", 443), ("huggingface.co", 443), ("github.com", 443))
 
@@ -456,12 +473,13 @@ def prepare(
     """Download (where the dataset allows) and build ``task``'s dataset as array_record.
 
     Returns examples per split. Needs network access for the TFDS datasets; MediaSum reads the
-    release files from ``manual_dir``; the stdlib suite is built from the local Python.
+    release files from ``manual_dir``; the stdlib suite is built from the local Python; a task
+    read from files is written as array_record from its files (``user_tasks``).
     """
     task = get_task(task)
-    if task.examples is not None:  # read from its files: nothing to build
-        return {split: len(examples) for split, examples in task.examples.items()}
     data_dir = str(data_dir) if data_dir is not None else default_data_dir()
+    if task.files is not None:
+        return task.files.prepare(data_dir)
     _import_builders(task)
     if task.suite:
         from gqa_jax.data import stdlib_suite

@@ -1,5 +1,6 @@
-"""A researcher's own tasks, without editing the package: examples from JSON Lines, TSV or CSV files
-(:func:`from_files`) or from any TFDS dataset by name (:func:`from_tfds`).
+"""A researcher's own tasks, without editing the package: examples from files as other tools write
+them (:func:`from_files`: JSON Lines, JSON, CSV, TSV, Parquet; compressed, sharded) or from any TFDS
+dataset by name (:func:`from_tfds`).
 
 A task is declared in a task file, a Python file that sets ``TASK``::
 
@@ -13,76 +14,80 @@ Every command that takes a task name takes the file's path instead (``data show 
 ``--config.task=my_task.py``, a sweep's ``--set task=my_task.py``): ``tasks.get_task`` loads it.
 A relative file name in a task file is read against the task file's folder.
 
-The files are read and checked when the task is made, before any other work: a missing file, an
-empty split, a line that is not JSON (its file and line), a row without a named field and an
-unknown metric each raise a one-line ``ValueError``. The checked rows stay in memory; each split
-is read once per process.
+A task's files are found and named when the task is made; its rows are read when a split is first
+opened (``tasks.open_files`` opens every split before a run's work): from the copy ``data prepare``
+wrote as array_record (``task_records``, read by index), else whole into memory, once per process.
+A file, line or field that cannot be read is a one-line ``ValueError`` naming it and the fix.
 """
 
 from __future__ import annotations
 
-import csv
+import functools
 import json
+import math
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gqa_jax import metrics
+from gqa_jax.data import file_formats, task_records
 from gqa_jax.data.span_corruption import span_corruption_lengths
 from gqa_jax.data.tasks import SPLITS, Example, Task, task_file_folder
+from gqa_jax.log import log
 
-FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".tsv": "tsv", ".csv": "csv"}
-
-
-def _format(path: Path) -> str:
-    if path.suffix.lower() not in FORMATS:
-        raise ValueError(
-            f"{path}: unknown file type {path.suffix or '(none)'!r}; a task's files are JSON Lines "
-            f"(.jsonl), TSV (.tsv, a header row) or CSV (.csv, a header row)"
-        )
-    return FORMATS[path.suffix.lower()]
+REFERENCES = "gqa_jax:references"  # a row's accepted answers, where its targets field holds a list
+_KINDS = {type(None): "null", dict: "an object", list: "a list"}
 
 
-def _jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+def _texts(value: Any, path: Path, where: str, field: str, row: Mapping[str, Any]) -> list[str]:
+    """A field's value as texts: a text as it is, a number or boolean as JSON writes it, a list as
+    its items' texts; a missing field, a null, an object or a list of those is a ValueError."""
+    where = f"{path}, {where}: "
+    if field not in row:
+        has = ", ".join(map(str, row)) or "none"
+        raise ValueError(f"{where}no field {field!r} (it has: {has}): add it to every row, or name another")
+    items = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and not value:
+        raise ValueError(f"{where}field {field!r} is an empty list: give it a text")
+    out = []
+    for item in items:
+        if isinstance(item, float) and math.isnan(item):
+            item = None  # a missing value in a table (pandas writes NaN)
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, (bool, int, float)):
+            out.append(json.dumps(item))
+        elif isinstance(item, bytes):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {number}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object")
-            rows.append(row)
-    return rows
-
-
-def read_rows(path: str | os.PathLike, fields: Sequence[str]) -> list[dict[str, Any]]:
-    """Every row of a JSON Lines, TSV or CSV file, checked to hold each of ``fields``."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    kind = _format(path)
-    if kind == "jsonl":
-        rows = _jsonl_rows(path)
-        first_line = 1
-    else:
-        with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if kind == "tsv" else ","))
-        first_line = 2  # after the header row
-    if not rows:
-        raise ValueError(f"{path}: no examples (an empty split)")
-    for number, row in enumerate(rows, start=first_line):
-        missing = [name for name in fields if row.get(name) is None]
-        if missing:
-            where = f"line {number}" if kind == "jsonl" else f"row {number}"
+                out.append(item.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise ValueError(f"{where}field {field!r} holds bytes that are not UTF-8 text") from None
+        else:
+            what = _KINDS.get(type(item), type(item).__name__)
+            verb = "holds" if isinstance(value, list) else "is"
             raise ValueError(
-                f"{path}, {where}: no field {missing[0]!r} (it has: {', '.join(map(str, row)) or 'none'})"
+                f"{where}field {field!r} {verb} {what}, not text: give it a text or leave the row out "
+                "(numbers and lists of texts are read as text: docs/data.md)"
             )
-    return rows
+    return out
+
+
+def _example(path: Path, where: str, row: Mapping[str, Any], inputs: str, targets: str | None) -> dict:
+    """A row's texts: the inputs field (a list's items joined by spaces), the targets field (a
+    list's first item; all its items are the accepted answers under ``REFERENCES``)."""
+    example: dict[str, Any] = {inputs: " ".join(_texts(row.get(inputs), path, where, inputs, row))}
+    if targets is not None:
+        answers = _texts(row.get(targets), path, where, targets, row)
+        example[targets] = answers[0]
+        if len(answers) > 1:
+            example[REFERENCES] = answers
+    return example
+
+
+def _references(example: Mapping[str, Any]) -> list[str]:
+    return list(example.get(REFERENCES, ()))
 
 
 class _Rows(Sequence[Example]):
@@ -96,6 +101,52 @@ class _Rows(Sequence[Example]):
 
     def __getitem__(self, index):  # noqa: ANN001 (an int or a slice, as a list's)
         return self._rows[index]
+
+
+class _FileSplits:
+    """A task's splits read from files: from a prepared copy in the data directory where one was
+    made from the files as they are, else read whole into memory (once per process)."""
+
+    def __init__(self, name: str, files: dict[str, list[Path]], inputs: str, targets: str | None,
+                 encoding: str):  # fmt: skip
+        self.name, self.files, self.encoding = name, files, encoding
+        self.inputs, self.targets = inputs, targets
+        self._memory: dict[str, _Rows] = {}
+
+    def examples(self, split: str) -> Iterator[dict[str, Any]]:
+        """Split ``split``'s examples in order, each checked, read one at a time."""
+        fields = [self.inputs] + ([self.targets] if self.targets else [])
+        count = 0
+        for path in self.files[split]:
+            for where, row in file_formats.rows(path, fields, self.encoding):
+                yield _example(path, where, row, self.inputs, self.targets)
+                count += 1
+        if not count:
+            files = self.files[split]
+            where = files[0] if len(files) == 1 else f"task {self.name}, split {split} ({len(files)} files)"
+            raise ValueError(f"{where}: no examples (an empty split): give it a file with rows")
+
+    def made_from(self) -> dict[str, Any]:
+        """What a prepared copy of these splits is made from (``task_records``)."""
+        files = {split: [[str(p), (st := p.stat()).st_size, st.st_mtime_ns] for p in paths]
+                 for split, paths in self.files.items()}  # fmt: skip
+        return {"files": files, "inputs": self.inputs, "targets": self.targets, "encoding": self.encoding}
+
+    def open(self, split: str, data_dir: str | os.PathLike) -> Sequence[Example]:
+        """``split``'s examples by index: the prepared copy's records, else the rows in memory."""
+        copy = task_records.find(data_dir, self.name, self.made_from())
+        if copy is not None:
+            return task_records.open_split(copy, split)
+        if split not in self._memory:
+            self._memory[split] = _Rows(list(self.examples(split)))
+        return self._memory[split]
+
+    def prepare(self, data_dir: str | os.PathLike) -> dict[str, int]:
+        """Write the prepared copy (every row checked; nothing left behind on an error)."""
+        splits = {s: functools.partial(self.examples, s) for s in self.files}
+        copy, counts, written = task_records.write(data_dir, self.name, self.made_from(), splits)
+        log(f"task {self.name}: {'prepared' if written else 'found prepared'} in {copy}")
+        return counts
 
 
 def _check_metric(name: str, metric: str | None, span_corruption: bool) -> None:
@@ -143,43 +194,56 @@ def from_files(
     metric: str | None = None,
     prefix: str = "",
     span_corruption: bool = False,
+    encoding: str = "utf-8",
     base: str | os.PathLike | None = None,
     description: str = "",
-    **files: str | os.PathLike,
+    **files: file_formats.Files,
 ) -> Task:
-    """A task whose splits are files: ``train=``, ``validation=``, ``test=`` (at least one).
+    """A task whose splits are files: ``train=``, ``validation=``, ``test=`` (at least one), each a
+    file, a glob or a list of files (``gqa_jax.data.file_formats``).
 
-    ``inputs`` / ``targets`` name the fields (JSON keys or header columns); ``span_corruption``
+    ``inputs`` / ``targets`` name the fields (JSON keys, header or Parquet columns); ``span_corruption``
     pre-trains on the ``inputs`` text (no targets, no metric, the target length derived as T5's).
-    ``metric``: a key of ``gqa_jax.metrics.METRICS``. Relative paths are read against ``base``
-    (default: the task file's folder when a task file is loading, else the working directory).
+    ``metric``: a key of ``gqa_jax.metrics.METRICS``. ``encoding``: the text files'. Relative paths
+    are read against ``base`` (default: the task file's folder when a task file is loading, else the
+    working directory).
     """
     unknown = sorted(set(files) - set(SPLITS))
     if unknown or not files:
         raise ValueError(f"task {name}: splits are given as {', '.join(f'{s}=FILE' for s in SPLITS)}; got "
                          f"{', '.join(unknown) or 'none'}")  # fmt: skip
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"task name {name!r}: letters, digits, '_', '-' and '.' only (it names a folder)")
     input_length, target_length = _checked_lengths(
         name, targets, metric, input_length, target_length, span_corruption, "FIELD"
     )
-    root = Path(base) if base is not None else task_file_folder() or Path.cwd()
-    fields = [inputs] + ([targets] if targets else [])
-    splits = {
-        split: _Rows(read_rows(root / Path(path).expanduser(), fields)) for split, path in files.items()
-    }
+    targets = None if span_corruption else targets
+    root = Path(base).absolute() if base is not None else task_file_folder() or Path.cwd()
+    paths = {}
+    for split, spec in files.items():
+        try:
+            paths[split] = file_formats.split_files(spec, root)
+        except ValueError as err:
+            raise ValueError(f"task {name}, {split}=: {err}") from None
+    named = [str(root / Path(f).expanduser()) for spec in files.values() for f in file_formats.names(spec)]
     return Task(
         name=name,
-        source=", ".join(str(root / Path(p).expanduser()) for p in files.values()),
+        source=", ".join(named),
         inputs=inputs,
-        targets=None if span_corruption else targets,
+        targets=targets,
         input_length=input_length,
         target_length=target_length,
         metric=metric,
         prefix=prefix,
+        references=_references if targets is not None else None,
         span_corruption=span_corruption,
         splits={s: s for s in files},
-        examples=splits,
+        files=_FileSplits(name, paths, inputs, targets, file_formats.check_encoding(encoding)),
         description=description or f"files: {', '.join(files)}",
     )
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def _builder_module(source: str) -> str:

@@ -38,10 +38,10 @@ def evaluate_checkpoint(
     KV cache (None: the model's dtype; int8 / fp8: ``gqa_jax.kv_quant``)."""
     workdir = Path(workdir)
     out = workdir / RESULTS
-    task = _check(workdir, out, overwrite, task_name, examples)
+    data_dir = data_dir or tasks_lib.default_data_dir()
+    task = _check(workdir, out, overwrite, task_name, examples, data_dir)
     cache_dtype = kv_quant.check_cache_dtype(cache_dtype)
     checkpoints.check_source(model_path)  # a wrong path is named before a vocabulary is built
-    data_dir = data_dir or tasks_lib.default_data_dir()
     voc = training.load_vocab(vocab, task, data_dir)
     model, _, kind = checkpoints.load_any(model_path)  # ours, HuggingFace or T5X
     t0 = time.time()
@@ -72,9 +72,11 @@ def evaluate_checkpoint(
     return result
 
 
-def _check(workdir: Path, out: Path, overwrite: bool, task_name: str, examples: int | None) -> Any:
-    """The task to score; ValueError for a file as workdir, results there already, span corruption
-    or fewer than one example."""
+def _check(
+    workdir: Path, out: Path, overwrite: bool, task_name: str, examples: int | None, data_dir: str
+) -> Any:
+    """The task to score; ValueError for a file as workdir, results there already, span corruption,
+    fewer than one example or a task file's bad rows."""
     if workdir.exists() and not workdir.is_dir():
         raise ValueError(f"--workdir {workdir} is a file, not a directory")
     if out.exists() and not overwrite:
@@ -84,4 +86,5 @@ def _check(workdir: Path, out: Path, overwrite: bool, task_name: str, examples: 
         raise ValueError(f"task {task_name} is span corruption: its dev loss is in a training run's metrics")
     if examples is not None and examples < 1:
         raise ValueError(f"--examples must be >= 1, got {examples}")
+    tasks_lib.open_files(task, data_dir)
     return task

@@ -101,8 +101,8 @@ def _check_uptrain(config: Any, task: Any) -> None:
     if not _is_int(up.calibration_batch_size) or up.calibration_batch_size < 1:
         _fail("uptrain.calibration_batch_size", up.calibration_batch_size, "an integer >= 1")
     task_file = isinstance(up.calibration_task, str) and tasks_lib.is_task_file(up.calibration_task)
-    if task_file:
-        tasks_lib.get_task(up.calibration_task)  # the task file's own errors, before any work
+    if task_file:  # the task file's own errors and its files', before any work
+        tasks_lib.open_files(tasks_lib.get_task(up.calibration_task), config.get("data_dir") or None)
     elif up.calibration_task is not None and up.calibration_task not in tasks_lib.TASKS:
         known = ", ".join(tasks_lib.TASKS)
         _fail(
@@ -182,6 +182,7 @@ def check_config(config: Any) -> None:
         )
     if config.recipe != "uptrain" and (not _is_int(config.num_train_steps) or config.num_train_steps < 1):
         _fail("num_train_steps", config.num_train_steps, "an integer >= 1")
+    tasks_lib.open_files(task, config.get("data_dir") or None)  # a task file's rows, before any work
 
 
 def checkpoint_overrides(config: Any, loaded: ModelConfig, source: Any) -> dict[str, Any]:

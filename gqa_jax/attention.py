@@ -29,6 +29,11 @@ from gqa_jax.sharding import constrain
 
 Array = jax.Array
 
+# Under the CPU decode kernel, a group of fewer query heads than this is attended one head at a
+# time: XLA:CPU takes a product with 2-3 rows per K/V head at a fraction of the rate of one with a
+# single row (a matrix-vector product) or 4+ rows (docs/results/decoding.md).
+ONE_HEAD_AT_A_TIME_BELOW = 4
+
 # Large negative logit for masked keys: exp() of it is exactly 0 in float32, and a fully
 # masked row stays finite (uniform) instead of NaN.
 MASK_VALUE = -1e10
@@ -52,10 +57,11 @@ def grouped_attention(
       k, v: ``[B, K, S, H]`` keys and values, ``N % K == 0``; or quantized (``kv_quant``).
       bias: ``[N, T, S]`` (or ``[B, N, T, S]``) additive logit bias, per QUERY head.
       mask: boolean, broadcastable to ``[B, T, S]``; False hides the key.
-      one_head_at_a_time: the loop order of the two products: a group's query heads one at a time
-        (G products with T rows per K/V head) instead of all at once (one with G * T rows). The
-        same numbers; the CPU decode kernel's (``Attention``): XLA:CPU takes a product with one
-        row per K/V head as a matrix-vector product, several times faster than one with G rows.
+      one_head_at_a_time: the loop order: a group's query heads one at a time (G attentions of
+        T rows per K/V head, each the same code) instead of all at once (one of G * T rows). The
+        same numbers; the CPU decode kernel's for small groups (``Attention``): XLA:CPU takes a
+        product with one row per K/V head as a matrix-vector product, several times faster than
+        one with 2 or 3 rows.
     Returns:
       ``[B, T, N, H]``.
     """
@@ -70,31 +76,30 @@ def grouped_attention(
     # (row m = g * T + t) of one [M, H] x [H, S] product per (batch, K/V head): plain 4-D einsums,
     # measured faster on CPU than contracting [B, T, K, G, H] (docs/results/decoding.md).
     qm = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)  # [B, K, M, H]
-    heads = G if one_head_at_a_time else 1  # products, each over M / heads rows
-
-    def rows(x: Array, i: int) -> Array:  # the rows of product i of [B, K, M, ...]
-        return x[:, :, i * T : (i + 1) * T] if heads > 1 else x
-
-    logits = jnp.concatenate(
-        [
-            jnp.einsum("BKMH,BKSH->BKMS", rows(qm, i), k, preferred_element_type=jnp.float32)
-            for i in range(heads)
-        ],
-        axis=2,
-    )  # [B, K, M, S]
-    if k_scale is not None:  # q . (s k) = s (q . k): a key's scale multiplies its logits
-        logits = logits * k_scale
     if bias is not None:  # [..., N, T, S] -> [..., K, M, S]
-        logits = logits + bias.reshape(*bias.shape[:-3], K, G * T, S).astype(jnp.float32)
-    if mask is not None:  # the same key mask for every head of a group
-        mask = jnp.broadcast_to(mask, (B, T, S))[:, None, None]  # [B, 1, 1, T, S]
-        mask = jnp.broadcast_to(mask, (B, 1, G, T, S)).reshape(B, 1, G * T, S)
-        logits = jnp.where(mask, logits, MASK_VALUE)
-    probs = jax.nn.softmax(logits, axis=-1)  # [B, K, M, S]
-    if v_scale is not None:  # sum p (s v) = sum (p s) v: a value's scale multiplies its probability
-        probs = probs * v_scale
-    probs = dropout(probs.astype(v.dtype), dropout_rate, rngs)
-    out = jnp.concatenate([jnp.einsum("BKMS,BKSH->BKMH", rows(probs, i), v) for i in range(heads)], axis=2)
+        bias = bias.reshape(*bias.shape[:-3], K, G * T, S).astype(jnp.float32)
+    if mask is not None:  # the same key mask for every head of a group: [B, 1, M, S]
+        mask = jnp.broadcast_to(jnp.broadcast_to(mask, (B, T, S))[:, None, None], (B, 1, G, T, S))
+        mask = mask.reshape(B, 1, G * T, S)
+
+    def attend(rows: slice) -> Array:  # rows ``rows`` of every group's M: [B, K, m, H]
+        logits = jnp.einsum("BKMH,BKSH->BKMS", qm[:, :, rows], k, preferred_element_type=jnp.float32)
+        if k_scale is not None:  # q . (s k) = s (q . k): a key's scale multiplies its logits
+            logits = logits * k_scale
+        if bias is not None:
+            logits = logits + bias[..., rows, :]
+        if mask is not None:
+            logits = jnp.where(mask[:, :, rows], logits, MASK_VALUE)
+        probs = jax.nn.softmax(logits, axis=-1)  # [B, K, m, S]
+        if v_scale is not None:  # sum p (s v) = sum (p s) v: a value's scale multiplies its probability
+            probs = probs * v_scale
+        probs = dropout(probs.astype(v.dtype), dropout_rate, rngs)
+        return jnp.einsum("BKMS,BKSH->BKMH", probs, v)
+
+    if one_head_at_a_time:  # one product per query head of a group: its T rows
+        out = jnp.concatenate([attend(slice(g * T, (g + 1) * T)) for g in range(G)], axis=2)
+    else:
+        out = attend(slice(None))  # [B, K, M, H]
     return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
@@ -103,8 +108,8 @@ class Attention(nnx.Module):
     the attention reads a decode cache (the decoder's self- and cross-attention), so on a mesh its
     queries are regrouped to the cache's layout (``cache_queries``) for the products with it.
     ``kernel``: the decode kernel of the program the model is built for (``config.KERNELS``):
-    under ``"cpu"`` the projections are taken out-major (``layers.project``) and a group's query
-    heads are attended one at a time."""
+    under ``"cpu"`` the projections are taken out-major (``layers.project``) and a group of fewer
+    than ``ONE_HEAD_AT_A_TIME_BELOW`` query heads is attended one head at a time."""
 
     def __init__(
         self,
@@ -128,7 +133,8 @@ class Attention(nnx.Module):
         self.cached = cached
         self.rate = config.dropout_rate
         self.dtype = dtype_of(config.dtype)
-        self.kernel = kernel  # the decode kernel it is built for (``layers.project``, the loop order)
+        self.kernel = kernel  # the decode kernel it is built for (``layers.project``)
+        self.one_head_at_a_time = kernel == CPU_KERNEL and N // K < ONE_HEAD_AT_A_TIME_BELOW
 
     def project_q(self, x: Array) -> Array:
         """``[B, T, D]`` -> ``[B, T, N, H]``."""
@@ -167,7 +173,7 @@ class Attention(nnx.Module):
             q = constrain(q, "cache_queries")
         o = grouped_attention(
             q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs,
-            one_head_at_a_time=self.kernel == CPU_KERNEL,
+            one_head_at_a_time=self.one_head_at_a_time,
         )  # fmt: skip
         if self.cached:
             o = constrain(o, "cache_queries")  # [B, T, N, H]

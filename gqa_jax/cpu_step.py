@@ -12,6 +12,7 @@ math, and the modules never see it:
   decode, outside the step; the step's model sees them back in their own shapes
   (:func:`in_major`, a transpose XLA folds into the product's operand layout), so its products
   are the plain einsums of ``model.py`` reading the weights out-major.
+- The greedy token in two plain reductions (:func:`argmax`).
 - The prefill in row chunks (:func:`encode_chunk_rows`). Encoding a few rows at a time keeps a
   chunk's activations and ``[N, S, S]`` logits in the CPU caches through a layer.
 
@@ -45,6 +46,18 @@ def kernel_for(mesh: Any) -> str:
     else:
         one_cpu = mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"  # a TPU slice's mesh too
     return CPU_KERNEL if one_cpu else EINSUM_KERNEL
+
+
+def argmax(logits: jax.Array) -> jax.Array:
+    """``jnp.argmax(logits, -1)`` of a CPU step's ``[B, V]`` logits as two plain reductions over the
+    ``[V, B]`` they lie in (``layers.project``'s out-major product): the largest logit, then the
+    first index that holds it. XLA:CPU runs argmax's one (value, index) reduction across that
+    layout several times slower. A NaN row gives index 0 (argmax: the first NaN's)."""
+    by_token = logits.T  # [V, B]: as the out-major product laid them out (no copy)
+    V = by_token.shape[0]
+    best = jnp.max(by_token, axis=0)  # [B]
+    first = jnp.min(jnp.where(by_token == best, jnp.arange(V, dtype=jnp.int32)[:, None], V), axis=0)
+    return jnp.where(first == V, 0, first)
 
 
 def encode_chunk_rows(batch: int, input_len: int) -> int:

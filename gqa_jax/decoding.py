@@ -50,7 +50,7 @@ from gqa_jax import cache as kvcache
 from gqa_jax import cpu_step, kv_quant
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import CPU_KERNEL, DecodeConfig, ModelConfig
+from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, DecodeConfig, ModelConfig
 from gqa_jax.decode_inputs import (
     ModelLike,
     as_split,
@@ -227,12 +227,21 @@ def init_state(cache: kvcache.KVCache, key: Array, *, vocab_size: int, return_lo
 
 # ---------------------------------------------------------------------------- token choice
 def choose_tokens(
-    logits: Array, key: Array, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
+    logits: Array,
+    key: Array,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    kernel: str = EINSUM_KERNEL,
 ) -> Array:
-    """``logits [B, V]`` -> next tokens ``[B]``: argmax at temperature 0 (a Python number), else
-    a sample from ``softmax(logits / temperature)`` restricted to the top-k tokens and the
-    top-p nucleus. ``temperature`` may be traced; ``top_k`` and ``top_p`` are static."""
+    """``logits [B, V]`` -> next tokens ``[B]``: argmax at temperature 0 (a Python number; under
+    the ``"cpu"`` kernel ``cpu_step.argmax``), else a sample from ``softmax(logits / temperature)``
+    restricted to the top-k tokens and the top-p nucleus. ``temperature`` may be traced; ``top_k``
+    and ``top_p`` are static."""
     if isinstance(temperature, int | float) and temperature == 0.0:
+        if kernel == CPU_KERNEL:
+            return cpu_step.argmax(logits)
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits.astype(jnp.float32) / temperature
     if top_k > 0:
@@ -263,7 +272,7 @@ def decode_step(
     logits, cache = model.decode_cached(state.last[:, None], state.cache)  # [B, 1, V]
     logits = logits[:, 0]
     key, sub = jax.random.split(state.key)
-    token = choose_tokens(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p)
+    token = choose_tokens(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p, kernel=model.kernel)
     token = jnp.where(state.done, PAD_ID, token)  # finished rows keep emitting pad
     tokens = jax.lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.step))
     step_logits = state.logits

@@ -49,6 +49,7 @@ from gqa_jax.training.step import make_train_step
 from gqa_jax.training.stops import Stopped, StopSignals
 from gqa_jax.training.validate import check_config, checkpoint_overrides, starts_from
 from gqa_jax.training.workdir import (
+    check_layout,
     check_workdir,
     checkpoint_manager,
     clean_exports,
@@ -171,6 +172,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     if source := starts_from(config):  # a wrong path is named before the suite's vocabulary is built
         checkpoints.check_source(source)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
+    check_layout(workdir)  # a file where a folder belongs (or the reverse), before anything is written
     # creates the workdir and takes its lock before anything is written or built: an unreachable or
     # busy workdir is named before the suite's vocabulary is built
     journal = WorkdirJournal(workdir)

@@ -34,8 +34,11 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from gqa_jax import checkpoints, paths, run_config
+from gqa_jax.convert import CALIBRATION_FILE
 from gqa_jax.errors import RunError
+from gqa_jax.file_lock import LOCK_FILE
 from gqa_jax.log import log
+from gqa_jax.metric_writers import METRICS_FILE, TENSORBOARD_DIR
 from gqa_jax.training.state import TrainState
 from gqa_jax.training.step import Batch
 
@@ -71,6 +74,32 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
     return out
+
+
+# The workdir's top-level entries a run writes: folders, and files (``check_layout``).
+FOLDERS = ("checkpoints", TENSORBOARD_DIR, "decodes", "model", "best_model", "previous",
+           "corrupt_checkpoints")  # fmt: skip
+FILES = ("config.json", "model_config.json", "conversion.json", CALIBRATION_FILE, METRICS_FILE,
+         "metrics.discarded.jsonl", "summary.json", LOCK_FILE)  # fmt: skip
+
+
+def check_layout(workdir: Any) -> None:
+    """Every folder a run writes in ``workdir`` is a folder or absent, every file a file or absent:
+    a RunError naming the wrong ones, before anything is built or written (orbax, tensorboardX and
+    the exports would fail on them later, some from a thread of their own)."""
+    if not workdir.is_dir():
+        return  # absent (the journal makes it) or a file (the journal names it)
+    is_dir = {p.name: p.is_dir() for p in workdir.iterdir() if p.name in FOLDERS + FILES}
+    if is_dir.get("checkpoints"):  # orbax's step folders: it would replace a file of that name
+        steps = (workdir / "checkpoints").iterdir()
+        is_dir |= {f"checkpoints/{p.name}": p.is_dir() for p in steps if p.name.isdigit()}
+    wrong = [
+        f"{n} is a file where the run writes a folder" for n, d in is_dir.items() if not d and n not in FILES
+    ]
+    wrong += [f"{n} is a folder where the run writes a file" for n in FILES if is_dir.get(n)]
+    if wrong:
+        them = "it" if len(wrong) == 1 else "them"
+        raise RunError(f"workdir {workdir}: {', '.join(wrong)}: move {them} away, or use another --workdir")
 
 
 # What a run leaves that a fresh start would duplicate or overwrite.

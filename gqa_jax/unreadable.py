@@ -4,16 +4,20 @@ A damaged file is never deleted nor silently replaced: ``set_aside`` moves it be
 ``<name>.unreadable-<time>`` (kept byte for byte, where its owner finds it), and the caller says
 so in one line. A train run does this for its workdir's records (``gqa_jax.training.workdir``),
 the lock file (``gqa_jax.file_lock``), and the sweep runner for a done run's outputs
-(``gqa_jax.experiments.runner``). A JSON record is readable when it parses to an object; a
-gqa_jax checkpoint directory when its ``checkpoint.json`` (written last) names the format and its
-``config.json`` and ``params/`` are there. No JAX here: the runner checks files only.
+(``gqa_jax.experiments.runner``). A JSON record is readable when it parses to an object, a numpy
+archive when numpy opens it, a gqa_jax checkpoint directory when its ``checkpoint.json`` (written
+last) names the format and its ``config.json`` and ``params/`` are there. No JAX here: the runner
+checks files only.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from typing import Any
+
+import numpy as np
 
 from gqa_jax import paths
 
@@ -33,6 +37,16 @@ def json_problem(path: Any) -> str | None:
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return f"is unreadable ({type(e).__name__})"
     return None if isinstance(value, dict) else "is unreadable (not a JSON object)"
+
+
+def npz_problem(path: Any) -> str | None:
+    """What is wrong with the numpy archive ``path``; None when numpy opens it."""
+    try:
+        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as archive:
+            archive.files  # noqa: B018  (opening it reads the archive's directory)
+    except Exception as e:  # BadZipFile, EOFError, ValueError, a lone .npy array: not an archive
+        return f"is unreadable ({type(e).__name__})"
+    return None
 
 
 def checkpoint_problem(path: Any) -> str | None:

@@ -34,6 +34,7 @@ from gqa_jax import (
     paths,
     profiling,
     sharding,
+    unreadable,
 )
 from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig, preset
@@ -54,12 +55,15 @@ from gqa_jax.training.workdir import (
     checkpoint_manager,
     clean_exports,
     config_dict,
+    config_json,
+    export_problem,
     refuse_or_set_aside,
     restore,
     restore_params,
+    set_aside_unreadable,
     stop_on_nan,
     truncate_metrics,
-    write_config,
+    write_record,
 )
 
 DEFAULT_PRESET = "tiny"  # a model trained from random weights without config.model.preset
@@ -267,7 +271,7 @@ def _setup(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, jour
     resumed, start = data_state is not None, int(state.step)
     _resume_or_start(config, workdir, journal, start, resumed, is_main)
     if is_main:  # after the decision to run: a refused start leaves these files as they were
-        _write_run_files(workdir, config, model_cfg, manifest, calibration_file)
+        _write_run_files(workdir, journal, config, model_cfg, manifest, calibration_file)
     if total == 0:
         log(f"{workdir}: alpha 0, the converted model is saved without a training step")
     elif start >= total:
@@ -305,15 +309,16 @@ def _resume_or_start(config: Any, workdir: Any, journal: WorkdirJournal, start: 
         log(f"{workdir}: starting at step 0")
 
 
-def _write_run_files(workdir: Any, config: Any, model_cfg: ModelConfig, manifest: dict[str, Any] | None,
-                     calibration_file: bytes | None) -> None:  # fmt: skip
-    """config.json, model_config.json and, when uptraining, conversion.json and calibration.npz."""
-    write_config(workdir, config)
-    (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
+def _write_run_files(workdir: Any, journal: WorkdirJournal, config: Any, model_cfg: ModelConfig,
+                     manifest: dict[str, Any] | None, calibration_file: bytes | None) -> None:  # fmt: skip
+    """config.json, model_config.json and, when uptraining, conversion.json and calibration.npz,
+    each written whole, an unreadable one set aside first (``write_record``)."""
+    write_record(workdir / "config.json", config_json(config), journal)
+    write_record(workdir / "model_config.json", model_cfg.to_json() + "\n", journal)
     if manifest is not None:
-        (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        write_record(workdir / "conversion.json", json.dumps(manifest, indent=2, default=str) + "\n", journal)
     if calibration_file is not None:
-        (workdir / convert.CALIBRATION_FILE).write_bytes(calibration_file)
+        write_record(workdir / convert.CALIBRATION_FILE, calibration_file, journal, unreadable.npz_problem)
 
 
 def _batches(
@@ -461,8 +466,11 @@ def _export(run: _Run, state: TrainState) -> dict[str, Any]:
         same = int(best) == int(state.step)
         best_params = final_params if same else distributed.to_host(restore_params(run.manager, state, best))
     if run.is_main:
-        checkpoints.save(nnx.merge(run.graphdef, final_params), run.workdir / "model", overwrite=True)
-        if best_params is not None:
-            checkpoints.save(nnx.merge(run.graphdef, best_params), run.workdir / "best_model", overwrite=True)
-        (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        exports = {"model": final_params} | ({"best_model": best_params} if best_params is not None else {})
+        for name, params in exports.items():
+            set_aside_unreadable(run.workdir / name, run.journal, export_problem)
+            checkpoints.save(nnx.merge(run.graphdef, params), run.workdir / name, overwrite=True)
+        write_record(
+            run.workdir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", run.journal
+        )
     return summary

@@ -18,6 +18,11 @@ Layout:
   corrupt_checkpoints/<step>-<time>/  checkpoints that could not be restored, moved aside
   previous/<time>/     an earlier run's metrics, decodes and exports, moved aside by
                        ``restart_from_scratch`` (see ``refuse_or_set_aside``)
+  <name>.unreadable-<time>  a run file that could not be read, set aside before its replacement
+                       was written (``write_record``; docs/training.md, "Damaged run files")
+
+``check_layout`` checks, before anything is built or written, that each of these folders is a
+folder and each file a file.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -33,7 +38,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from gqa_jax import checkpoints, paths, run_config
+from gqa_jax import checkpoints, paths, run_config, unreadable
 from gqa_jax.convert import CALIBRATION_FILE
 from gqa_jax.errors import RunError
 from gqa_jax.file_lock import LOCK_FILE
@@ -41,6 +46,10 @@ from gqa_jax.log import log
 from gqa_jax.metric_writers import METRICS_FILE, TENSORBOARD_DIR
 from gqa_jax.training.state import TrainState
 from gqa_jax.training.step import Batch
+from gqa_jax.unreadable import json_problem
+
+# What is wrong with a file (None: it is readable), as gqa_jax.unreadable's checks say.
+Problem = Callable[[Any], str | None]
 
 # Config fields a restart may change (they do not change what is computed, or only extend it).
 RESTART_MAY_CHANGE = frozenset(
@@ -130,7 +139,7 @@ def _read_config(file: Any) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as e:
         raise RunError(
             f"{file} cannot be read ({e}), so this restart cannot be checked against the run's config: if "
-            "the run used this same config, delete that file and run again (it is written anew); "
+            "the run used this same config, move that file away and run again (it is written anew); "
             "otherwise use another --workdir"
         ) from None
 
@@ -196,10 +205,35 @@ def clean_exports(workdir: Any) -> None:
             log(line)
 
 
-def write_config(workdir: Any, config: Any) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(config_dict(config), indent=2, sort_keys=True, default=str) + "\n"
-    (workdir / "config.json").write_text(text)
+def config_json(config: Any) -> str:
+    """config.json's text: the resolved run config."""
+    return json.dumps(config_dict(config), indent=2, sort_keys=True, default=str) + "\n"
+
+
+def set_aside_unreadable(path: Any, journal: Any, problem: Problem = json_problem) -> None:
+    """Before a run writes ``path`` anew: one that cannot be read (``problem`` says why) is moved
+    to ``<name>.unreadable-<time>`` beside it (moved back if this start fails, ``journal``) and
+    named in one line; never replaced unseen."""
+    if not path.exists() or not (why := problem(path)):
+        return
+    aside = unreadable.aside_path(path)
+    journal.move_aside(path, aside)
+    log(f"{path} {why}: set it aside as {aside.name}; the run writes a new one")
+
+
+def write_record(file: Any, data: str | bytes, journal: Any, problem: Problem = json_problem) -> None:
+    """Write the run file ``file`` whole (a kill leaves the old one or the new), an unreadable one
+    set aside first (``set_aside_unreadable``)."""
+    set_aside_unreadable(file, journal, problem)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    paths.write_bytes_atomic(file, data)
+
+
+def export_problem(path: Any) -> str | None:
+    """What is wrong with the export ``path`` (model/, best_model/) that ``checkpoints.save`` would
+    refuse to replace; None for a complete checkpoint or an empty folder."""
+    return unreadable.checkpoint_problem(path) if not path.is_dir() or any(path.iterdir()) else None
 
 
 def _score(metrics: Mapping[str, Any]) -> float:

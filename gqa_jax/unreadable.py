@@ -4,10 +4,10 @@ A damaged file is never deleted nor silently replaced: ``set_aside`` moves it be
 ``<name>.unreadable-<time>`` (kept byte for byte, where its owner finds it), and the caller says
 so in one line. A train run does this for its workdir's records (``gqa_jax.training.workdir``),
 the lock file (``gqa_jax.file_lock``), and the sweep runner for a done run's outputs
-(``gqa_jax.experiments.runner``). A JSON record is readable when it parses to an object, a numpy
-archive when numpy opens it, a gqa_jax checkpoint directory when its ``checkpoint.json`` (written
-last) names the format and its ``config.json`` and ``params/`` are there. No JAX here: the runner
-checks files only.
+(``gqa_jax.experiments.runner``). A JSON record is readable when it parses to an object, a text
+file when it is UTF-8, a numpy archive when numpy opens it, a gqa_jax checkpoint directory when
+its ``checkpoint.json`` (written last) names the format and its ``config.json`` and ``params/``
+are there. No JAX here: the runner checks files only.
 """
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ def json_problem(path: Any) -> str | None:
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return f"is unreadable ({type(e).__name__})"
     return None if isinstance(value, dict) else "is unreadable (not a JSON object)"
+
+
+def text_problem(path: Any) -> str | None:
+    """What is wrong with the UTF-8 text file ``path``; None when it decodes."""
+    try:
+        path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return f"is unreadable ({type(e).__name__})"
+    return None
 
 
 def npz_problem(path: Any) -> str | None:

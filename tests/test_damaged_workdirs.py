@@ -10,12 +10,12 @@ import logging
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from test_run_dirs import PRETRAIN, flags, one_line_error, snapshot
+from test_run_dirs import PRETRAIN, flags, one_line_error, snapshot, steps_of
 
 from gqa_jax import __main__ as cli
 from gqa_jax import unreadable
 from gqa_jax.training.journal import WorkdirJournal
-from gqa_jax.training.workdir import write_record
+from gqa_jax.training.workdir import truncate_metrics, write_record
 
 
 def train(capfd, workdir, vocab, data_dir, steps=2, **fields):
@@ -103,3 +103,59 @@ def test_a_set_aside_file_is_moved_back_when_the_start_fails(tmp_path, capfd):
     journal.rollback()
     journal.release()
     assert snapshot(wd) == before
+
+
+def test_files_a_restart_reads_back_damaged_are_set_aside_and_it_resumes(capfd, small_vocab, tmp_path):
+    """A finished run (checkpoints 0 and 2), then each file a restart reads back damaged: the lock,
+    checkpoint 2's data position (JSON the pipeline cannot take), a half-written line inside
+    metrics.jsonl, summary.json cut short, model/ without its marker. The restart resumes from
+    checkpoint 0 and names each in one line; each is kept byte for byte."""
+    wd, data = tmp_path / "run", tmp_path / "data"
+    code, lines = train(capfd, wd, small_vocab.path, data)
+    assert code == 0, lines
+    position = b'{"step": 2, "grain": {"parent": 7}}'
+    (wd / "checkpoints" / "2" / "data" / "metadata").write_bytes(position)
+    metrics = (wd / "metrics.jsonl").read_text().splitlines()
+    (wd / "metrics.jsonl").write_text("\n".join([metrics[0], '{"step": 2, "train/lo', *metrics[1:]]) + "\n")
+    (wd / "lock.json").write_bytes(b"garbage")
+    (wd / "summary.json").write_bytes(b'{"steps": 2')
+    (wd / "model" / "checkpoint.json").unlink()
+    model_before = snapshot(wd / "model")
+    code, lines = train(capfd, wd, small_vocab.path, data)
+    assert code == 0 and not any("Traceback" in line for line in lines), lines
+
+    def one(*needles):
+        [line] = [x for x in lines if all(n in x for n in needles)]
+        return line
+
+    one(
+        f"taking over the stale lock {wd / 'lock.json'}",
+        "(the lock file is unreadable): set it aside as lock.json.",
+    )
+    assert [p.read_bytes() for p in wd.glob("lock.json.unreadable-*")] == [b"garbage"]
+    one("checkpoint 2 in", "cannot be restored (TypeError", "moved it to")
+    [aside] = (wd / "corrupt_checkpoints").iterdir()
+    assert (aside / "data" / "metadata").read_bytes() == position
+    one(
+        f"{wd / 'metrics.jsonl'}: moved 3 line(s) to metrics.discarded.jsonl",
+        "(2 logged after step 0, 1 unreadable)",
+    )
+    assert '{"step": 2, "train/lo' in (wd / "metrics.discarded.jsonl").read_text().splitlines()
+    assert steps_of(wd) == [1, 2]  # each step once: resumed from checkpoint 0
+    one("summary.json is unreadable (JSONDecodeError): set it aside as summary.json.unreadable-")
+    assert [p.read_bytes() for p in wd.glob("summary.json.unreadable-*")] == [b'{"steps": 2']
+    one("model is not a complete checkpoint (no checkpoint.json): set it aside as model.unreadable-")
+    [kept] = wd.glob("model.unreadable-*")
+    assert snapshot(kept) == model_before and unreadable.checkpoint_problem(wd / "model") is None
+
+
+def test_a_metrics_file_that_is_not_text_is_set_aside_whole_on_resume(tmp_path, capfd):
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "metrics.jsonl").write_bytes(b'{"step": 1}\n\xff\xfe\n')
+    journal = WorkdirJournal(wd)
+    truncate_metrics(wd, 1, journal)
+    journal.release()
+    [kept] = wd.glob("metrics.jsonl.unreadable-*")
+    assert kept.read_bytes() == b'{"step": 1}\n\xff\xfe\n' and not (wd / "metrics.jsonl").exists()
+    assert "metrics.jsonl is unreadable (UnicodeDecodeError): set it aside as" in capfd.readouterr().err

@@ -266,9 +266,14 @@ def _setup(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, jour
     if config.mesh:
         log(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es): "
             + sharding.replication_report(replicated))  # fmt: skip
+    pipe, slice_count = _train_pipeline(config, task, vocab, data_dir, mesh)
     manager = checkpoint_manager(workdir, config.keep_checkpoints, best=task.metric is not None)
-    state, data_state = restore(manager, state, workdir)
-    resumed, start = data_state is not None, int(state.step)
+
+    def resume(saved: Any) -> Any:  # a position the pipeline cannot take: set aside like a corrupt checkpoint
+        return pipe.iterator(state=distributed.own_data_state(saved))
+
+    state, batches = restore(manager, state, workdir, resume)
+    resumed, start = batches is not None, int(state.step)
     _resume_or_start(config, workdir, journal, start, resumed, is_main)
     if is_main:  # after the decision to run: a refused start leaves these files as they were
         _write_run_files(workdir, journal, config, model_cfg, manifest, calibration_file)
@@ -276,7 +281,7 @@ def _setup(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, jour
         log(f"{workdir}: alpha 0, the converted model is saved without a training step")
     elif start >= total:
         log(f"{workdir} already at step {start} >= {total}: nothing to train")
-    batches, slice_count = _batches(config, task, vocab, data_dir, mesh, data_state)
+    batches = batches if resumed else pipe.iterator()
     dropout = config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0
     step_fn = make_train_step(
         graphdef, optimizer, mesh=mesh, state_shardings=shardings, num_microbatches=config.num_microbatches,
@@ -303,7 +308,7 @@ def _resume_or_start(config: Any, workdir: Any, journal: WorkdirJournal, start: 
         if config.get("restart_from_scratch"):
             log(f"restart_from_scratch is ignored: checkpoint {start} can be resumed")
         if is_main:
-            truncate_metrics(workdir, start)
+            truncate_metrics(workdir, start, journal)
     else:
         refuse_or_set_aside(workdir, config, journal)  # an earlier run's metrics: never duplicated
         log(f"{workdir}: starting at step 0")
@@ -321,19 +326,16 @@ def _write_run_files(workdir: Any, journal: WorkdirJournal, config: Any, model_c
         write_record(workdir / convert.CALIBRATION_FILE, calibration_file, journal, unreadable.npz_problem)
 
 
-def _batches(
-    config: Any, task: Any, vocab: Any, data_dir: str, mesh: Any, data_state: Any
-) -> tuple[Any, int]:
-    """This process's train batches, from the restored position ``data_state`` (None: the start),
-    and how many slices the rows are read in: each process reads its own slice of every batch
-    (processes holding the same rows of the mesh read the same slice)."""
+def _train_pipeline(config: Any, task: Any, vocab: Any, data_dir: str, mesh: Any) -> tuple[Any, int]:
+    """This process's train pipeline, and how many slices the rows are read in: each process reads
+    its own slice of every batch (processes holding the same rows of the mesh read the same slice)."""
     slice_index, slice_count = distributed.process_data_slice(mesh)
     train_pipe = pipeline_lib.make_pipeline(
         task, "train", vocab, batch_size=config.batch_size, seed=config.seed, data_dir=data_dir,
         pack=config.pack, input_length=config.input_length, target_length=config.target_length,
         process_index=slice_index, process_count=slice_count,
     )  # fmt: skip
-    return train_pipe.iterator(state=distributed.own_data_state(data_state)), slice_count
+    return train_pipe, slice_count
 
 
 def _evaluate(run: _Run, state: TrainState, step: int) -> float | None:

@@ -28,8 +28,6 @@ folder and each file a file.
 from __future__ import annotations
 
 import json
-import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -123,7 +121,7 @@ def earlier_work(workdir: Any) -> list[Any]:
     found = [workdir / n for n in EARLIER_WORK if (workdir / n).exists()]
     found += sorted(workdir.glob("nan_step_*.json"))
     metrics = workdir / "metrics.jsonl"
-    if metrics in found and metrics.is_file() and not metrics.read_text().strip():
+    if metrics in found and metrics.is_file() and not metrics.read_bytes().strip():
         found.remove(metrics)
     if [p.name for p in found] == ["tensorboard"]:
         return []
@@ -187,12 +185,7 @@ def refuse_or_set_aside(workdir: Any, config: Any, journal: Any) -> None:
             "to train again from step 0 here pass --config.restart_from_scratch=True (the earlier "
             "files are moved to previous/), or use another --workdir"
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    dest = workdir / "previous" / stamp
-    for n in range(2, 100):  # two restarts within a second
-        if not dest.exists():
-            break
-        dest = workdir / "previous" / f"{stamp}-{n}"
+    dest = unreadable.fresh(workdir / "previous" / unreadable.stamp())  # two restarts within a second
     for path in found:
         journal.move_aside(path, dest / path.name)
     log(f"restart_from_scratch: moved the earlier run's {names} to {dest}; starting at step 0")
@@ -260,11 +253,16 @@ def checkpoint_manager(workdir: Any, keep: int, best: bool) -> Any:
     return ocp.CheckpointManager(workdir / "checkpoints", options=options, item_names=("state", "data"))
 
 
-def restore(manager: Any, state: TrainState, workdir: Any) -> tuple[TrainState, Any]:
-    """The newest readable checkpoint -> ``(state, data position)``; ``(state, None)`` when none.
+def restore(
+    manager: Any, state: TrainState, workdir: Any, resume: Callable[[Any], Any]
+) -> tuple[TrainState, Any]:
+    """The newest checkpoint that restores -> ``(state, resume(its data position))``, the batches
+    from there on; ``(state, None)`` when there is none.
 
-    A checkpoint that fails to restore (corrupt, half-written) is moved aside to
-    ``workdir/corrupt_checkpoints/`` with a warning (never deleted), and the previous one is tried.
+    A checkpoint that fails to restore (corrupt, half-written), or whose data position ``resume``
+    cannot take, is moved aside to ``workdir/corrupt_checkpoints/`` with one line (never deleted),
+    and the previous one is tried. A RunError from ``resume`` (a position written by another
+    number of processes) is not damage: it stops the run.
     """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     for step in sorted(manager.all_steps(), reverse=True):
@@ -275,14 +273,16 @@ def restore(manager: Any, state: TrainState, workdir: Any) -> tuple[TrainState, 
                     state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
                 ),
             )
-            return restored["state"], restored["data"]
+            return restored["state"], resume(restored["data"])
+        except RunError:
+            raise
         except Exception as err:  # any failure to read it back means: do not trust it
-            aside = workdir / "corrupt_checkpoints" / f"{step}-{int(time.time())}"
+            aside = unreadable.fresh(workdir / "corrupt_checkpoints" / f"{step}-{unreadable.stamp()}")
             aside.parent.mkdir(parents=True, exist_ok=True)
-            warnings.warn(
+            why = " ".join(str(err).split())[:200]
+            log(
                 f"checkpoint {step} in {workdir / 'checkpoints'} cannot be restored ({type(err).__name__}: "
-                f"{str(err)[:200]}); moved it to {aside} and trying the previous one",
-                stacklevel=2,
+                f"{why}); moved it to {aside} and trying the previous one"
             )
             paths.move(workdir / "checkpoints" / str(step), aside)
             manager.reload()
@@ -298,22 +298,28 @@ def restore_params(manager: Any, state: TrainState, step: int) -> Any:
     return restored["state"].params
 
 
-def truncate_metrics(workdir: Any, step: int) -> None:
-    """On resume, move metric lines logged after the restored step to metrics.discarded.jsonl."""
-    file = workdir / "metrics.jsonl"
+def truncate_metrics(workdir: Any, step: int, journal: Any) -> None:
+    """On resume, move the lines of metrics.jsonl logged after the restored step, or unreadable (a
+    killed run's half-written line), to metrics.discarded.jsonl, in one line; a metrics.jsonl that
+    is not text is set aside whole (``set_aside_unreadable``)."""
+    file = workdir / METRICS_FILE
+    set_aside_unreadable(file, journal, unreadable.text_problem)
     if not file.is_file():
         return
-    keep, drop = [], []
+    keep, drop, later = [], [], 0
     for line in file.read_text().splitlines():
         try:
-            later = int(json.loads(line).get("step", 0)) > step
-        except (ValueError, AttributeError):
-            later = True  # a half-written line from the killed run
-        (drop if later else keep).append(line)
+            after = int(json.loads(line).get("step", 0)) > step
+        except (ValueError, TypeError, AttributeError):  # a half-written line from the killed run
+            drop.append(line)
+            continue
+        (drop if after else keep).append(line)
+        later += after
     if drop:
         paths.append_text(workdir / "metrics.discarded.jsonl", "\n".join(drop) + "\n")
-        text = "".join(line + "\n" for line in keep)
-        paths.write_text_atomic(file, text)
+        paths.write_text_atomic(file, "".join(line + "\n" for line in keep))
+        why = f"{later} logged after step {step}, {len(drop) - later} unreadable"
+        log(f"{file}: moved {len(drop)} line(s) to metrics.discarded.jsonl ({why})")
 
 
 def _batch_stats(batch: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def test_a_file_where_a_folder_belongs_is_one_line_before_any_work(
     wrong = wd / name.rstrip("/")
     wrong.parent.mkdir(parents=True)
     if name.endswith("/"):
-        (wrong / "notes.txt").parent.mkdir()
+        wrong.mkdir()
         (wrong / "notes.txt").write_text("mine")
     else:
         wrong.write_text("mine")

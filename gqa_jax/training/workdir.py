@@ -44,7 +44,6 @@ from gqa_jax.log import log
 from gqa_jax.metric_writers import METRICS_FILE, TENSORBOARD_DIR
 from gqa_jax.training.state import TrainState
 from gqa_jax.training.step import Batch
-from gqa_jax.unreadable import json_problem
 
 # What is wrong with a file (None: it is readable), as gqa_jax.unreadable's checks say.
 Problem = Callable[[Any], str | None]
@@ -203,7 +202,7 @@ def config_json(config: Any) -> str:
     return json.dumps(config_dict(config), indent=2, sort_keys=True, default=str) + "\n"
 
 
-def set_aside_unreadable(path: Any, journal: Any, problem: Problem = json_problem) -> None:
+def set_aside_unreadable(path: Any, journal: Any, problem: Problem = unreadable.json_problem) -> None:
     """Before a run writes ``path`` anew: one that cannot be read (``problem`` says why) is moved
     to ``<name>.unreadable-<time>`` beside it (moved back if this start fails, ``journal``) and
     named in one line; never replaced unseen."""
@@ -214,7 +213,9 @@ def set_aside_unreadable(path: Any, journal: Any, problem: Problem = json_proble
     log(f"{path} {why}: set it aside as {aside.name}; the run writes a new one")
 
 
-def write_record(file: Any, data: str | bytes, journal: Any, problem: Problem = json_problem) -> None:
+def write_record(
+    file: Any, data: str | bytes, journal: Any, problem: Problem = unreadable.json_problem
+) -> None:
     """Write the run file ``file`` whole (a kill leaves the old one or the new), an unreadable one
     set aside first (``set_aside_unreadable``)."""
     set_aside_unreadable(file, journal, problem)

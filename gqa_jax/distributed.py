@@ -20,6 +20,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
+from gqa_jax.errors import RunError
 from gqa_jax.sharding import batch_sharding
 
 
@@ -130,17 +131,18 @@ def all_data_states(local: Any) -> Any:
 
 
 def own_data_state(saved: Any) -> Any:
-    """This process's iterator state from what ``all_data_states`` stored (None: start fresh)."""
+    """This process's iterator state from what ``all_data_states`` stored (None: start fresh); a
+    RunError when another number of processes stored it."""
     if saved is None or "processes" not in saved:
         if saved is not None and jax.process_count() > 1:
-            raise ValueError(
+            raise RunError(
                 "this checkpoint's data position was written by one process; resuming it on "
                 f"{jax.process_count()} processes would re-read data: resume with one process"
             )
         return saved
     states = saved["processes"]
     if len(states) != jax.process_count():
-        raise ValueError(
+        raise RunError(
             f"this checkpoint's data positions were written by {len(states)} processes, but this run "
             f"has {jax.process_count()}: resume with {len(states)} processes"
         )

@@ -4,9 +4,10 @@ start time and a heartbeat it refreshes every ``HEARTBEAT_S`` seconds, for a tra
 
 A lock is stale, and is taken over with a message, when its holder is gone: on this host, when
 its pid no longer runs (or the host has rebooted since); from another host, when its heartbeat
-is older than ``STALE_AFTER_S``. On a local disk the file is created atomically (``O_EXCL``); on
-gs:// it is checked and then written (an object store has no exclusive create here), so two
-starts within the same second could both pass.
+is older than ``STALE_AFTER_S``. An unreadable one is stale too, and is kept beside the new one
+as ``lock.json.unreadable-<time>`` (``gqa_jax.unreadable``). On a local disk the file is created
+atomically (``O_EXCL``); on gs:// it is checked and then written (an object store has no
+exclusive create here), so two starts within the same second could both pass.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gqa_jax import paths
+from gqa_jax import paths, unreadable
 from gqa_jax.errors import RunError
 
 LOCK_FILE = "lock.json"
@@ -54,11 +55,15 @@ def holder_text(holder: dict[str, Any]) -> str:
     )
 
 
+def _readable(holder: Any) -> bool:
+    return isinstance(holder, dict) and {"host", "pid", "heartbeat"} <= set(holder)
+
+
 def stale_reason(holder: Any, now: float | None = None) -> str | None:
     """Why the lock ``holder`` (the parsed lock file) no longer holds, or None while it does."""
     now = time.time() if now is None else now
-    if not isinstance(holder, dict) or not {"host", "pid", "heartbeat"} <= set(holder):
-        return "the lock file is unreadable (its writer was killed while writing it)"
+    if not _readable(holder):
+        return "the lock file is unreadable"
     if holder["host"] == socket.gethostname():
         if holder.get("boot_id") and holder["boot_id"] != _boot_id():
             return "this host has rebooted since"
@@ -150,11 +155,15 @@ def acquire(
         why = stale_reason(holder)
         if why is None:
             raise RunError(in_use(holder_text(holder)))
-        log(f"taking over the stale lock {file} ({why})")
-        aside = file.with_name(f"{file.name}.stale-{os.getpid()}")
-        try:
-            paths.move(file, aside)  # one of several starts that see the same stale lock moves it
-            aside.unlink()
+        try:  # one of several starts that see the same stale lock moves it
+            if _readable(holder):
+                log(f"taking over the stale lock {file} ({why})")
+                aside = file.with_name(f"{file.name}.stale-{os.getpid()}")
+                paths.move(file, aside)
+                aside.unlink()
+            else:  # kept, as every unreadable file is
+                kept = unreadable.set_aside(file)
+                log(f"taking over the stale lock {file} ({why}): set it aside as {kept.name}")
         except OSError:
             pass
     raise RunError(f"could not take the lock {file}: {contended}")

@@ -98,25 +98,37 @@ def is_remote(path: Any) -> bool:
 
 
 def write_text_atomic(file: Any, text: str) -> None:
-    """Write ``text`` to ``file`` so that a reader sees the old content or the new, never part of
+    """``write_bytes_atomic`` of ``text`` in UTF-8."""
+    write_bytes_atomic(file, text.encode("utf-8"))
+
+
+def write_bytes_atomic(file: Any, data: bytes) -> None:
+    """Write ``data`` to ``file`` so that a reader sees the old content or the new, never part of
     it: on an object store an object is written whole; locally a temporary file beside it (same
     directory, so the rename is atomic) is written, synced and renamed over it."""
     if is_remote(file):
-        epath.Path(file).write_text(text, encoding="utf-8")
+        epath.Path(file).write_bytes(data)
         return
     fd, tmp = tempfile.mkstemp(
         dir=os.fspath(epath.Path(file).parent), prefix=f".{os.path.basename(file)}.", suffix=".tmp"
     )
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # as open() would make it (mkstemp's is 0600)
         os.replace(tmp, file)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading it means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def append_text(file: epath.Path, text: str) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gqa_jax import unreadable
 from gqa_jax.experiments import outputs, scheduler
 from gqa_jax.experiments.sweep import Sweep
 
@@ -21,7 +22,7 @@ def write_outputs(directory: Path, names) -> None:
             continue
         (directory / name / "params").mkdir(parents=True, exist_ok=True)
         (directory / name / "config.json").write_text("{}")
-        (directory / name / outputs.CHECKPOINT_MARKER).write_text(json.dumps(outputs.CHECKPOINT_FORMAT))
+        (directory / name / unreadable.CHECKPOINT_MARKER).write_text(json.dumps(unreadable.CHECKPOINT_FORMAT))
 
 
 def mark_done(

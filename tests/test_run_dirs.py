@@ -23,6 +23,7 @@ from gqa_jax import __main__ as cli
 from gqa_jax import checkpoints, file_lock, metric_writers
 from gqa_jax.config import preset
 from gqa_jax.model import T5
+from gqa_jax.training.workdir import FILES, FOLDERS
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = str(REPO / "configs" / "pretrain.py")
@@ -275,6 +276,8 @@ def test_restart_refusals_moves_aside_rollback_and_leftovers(capsys, small_vocab
     assert code == 0 and any("removed" in line and "model.tmp-0123abcd" in line for line in lines), lines
     assert not (wd / "model.tmp-0123abcd").exists() and steps_of(wd) == [1, 2, 3]
 
+    assert {p.name for p in wd.iterdir()} <= set(FOLDERS + FILES)  # the layout check knows them all
+
     # a truncated config.json is named, and nothing changes
     (wd / "config.json").write_text((wd / "config.json").read_text()[:50])
     before = snapshot(wd)
@@ -418,6 +421,7 @@ def test_fine_tuning_keeps_the_last_checkpoints_and_the_best_scored_one(capsys, 
     assert set(scores) == {3, 6} and best == max(scores, key=lambda k: (scores[k], k))
     kept = {int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit()}
     assert kept == {5, 6, best}
+    assert {p.name for p in wd.iterdir()} <= set(FOLDERS + FILES)
 
 
 def test_the_best_step_is_the_highest_scored_checkpoint_not_the_latest(tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from runner_fakes import chain, mark_done, popen_leaving_outputs, statuses
 
+from gqa_jax import unreadable
 from gqa_jax.errors import RunError
 from gqa_jax.experiments import locks, outputs, runner, scheduler
 
@@ -79,7 +80,7 @@ def test_a_done_run_whose_output_is_missing_or_unreadable_is_redone_with_its_dep
     directory, and t and e (begun on c's old model) in fresh ones; u stays done."""
     root, lines, printed, started = tmp_path / "root", [], [], []
     mark_done(root, chain())
-    (root / "c" / "model" / outputs.CHECKPOINT_MARKER).unlink()
+    (root / "c" / "model" / unreadable.CHECKPOINT_MARKER).unlink()
     (root / "u" / "timing.json").write_text('{"time_per_sample_s": 0.')
     runner.run_sweep(chain(), root, dry_run=True, out=printed.append)
     assert [line.split("  # ")[1] for line in printed] == [
@@ -120,8 +121,8 @@ def test_the_output_names_are_the_stages_own():
     from gqa_jax.experiments import evaluate_stage
     from gqa_jax.tools import t_infer
 
-    assert (outputs.CHECKPOINT_MARKER, outputs.CHECKPOINT_FORMAT) == (orbax.MARKER, orbax.FORMAT)
-    assert outputs.CHECKPOINT_FILES == (orbax.CONFIG, orbax.PARAMS)
+    assert (unreadable.CHECKPOINT_MARKER, unreadable.CHECKPOINT_FORMAT) == (orbax.MARKER, orbax.FORMAT)
+    assert unreadable.CHECKPOINT_FILES == (orbax.CONFIG, orbax.PARAMS)
     assert outputs.STAGE_OUTPUTS["evaluate"] == (evaluate_stage.RESULTS,)
     assert outputs.STAGE_OUTPUTS["time"] == (t_infer.TIMING_FILE,)
 

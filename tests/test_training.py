@@ -2,7 +2,6 @@
 uptraining) on tiny models over mock data."""
 
 import json
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -119,7 +118,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(small_vocab, tmp_pat
     assert steps == [1, 2]
 
 
-def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab, tmp_path):
+def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab, tmp_path, capsys):
     config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2)
     run = tmp_path / "run"
     with tfds.testing.mock_data(num_examples=16):
@@ -129,10 +128,12 @@ def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab,
             if f.is_file():
                 f.write_bytes(b"garbage")
         config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            training.train(config, run)
-    assert any("checkpoint 4" in str(w.message) and "moved it" in str(w.message) for w in caught)
+        capsys.readouterr()
+        training.train(config, run)
+    assert any(
+        line.startswith("checkpoint 4 ") and "moved it to" in line
+        for line in capsys.readouterr().err.splitlines()
+    )
     assert len(list((run / "corrupt_checkpoints").iterdir())) == 1  # set aside, not deleted
     after = {m["step"]: m for m in metric_writers.read_metrics(run)}
     for step in (3, 4):  # recomputed from checkpoint 2: the same numbers as the first time

@@ -28,7 +28,6 @@ import json
 import os
 import random
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -329,18 +328,6 @@ def _rephrase_trainer_error(e: RuntimeError, size: int, num_lines: int) -> Value
     return ValueError(f"SentencePiece training failed (size={size}, {num_lines} lines): {msg.strip()}")
 
 
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: ``paths.write_text_atomic`` for bytes (the model file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _check_train_args(texts: Iterable[str] | None, files: Sequence[Path], size: int, out: Path,
                       overwrite: bool, max_sentences: int, num_threads: int) -> None:  # fmt: skip
     """``train_vocab``'s arguments, each error saying what to pass instead."""
@@ -428,7 +415,7 @@ def train_vocab(
     if not overwrite and out.exists():  # appeared while we trained
         raise FileExistsError(f"{str(out)!r} already exists; pass overwrite=True (--overwrite) to replace it")
     paths.write_text_atomic(_sidecar_path(out), json.dumps(info, indent=2) + "\n")
-    _write_bytes_atomic(out, model)  # last: an existing model file is always a complete one
+    paths.write_bytes_atomic(out, model)  # last: an existing model file is always a complete one
     return Vocabulary(out)
 
 

@@ -2,10 +2,9 @@
 
 A run is done when its ``run.json`` says so and its outputs are there and readable: each stage's
 own (``STAGE_OUTPUTS``) and every ``{run:NAME}/PATH`` another run of the sweep reads from it (a
-fine-tuning run's ``best_model/``, which its evaluate run scores). A checkpoint directory is
-readable when its ``checkpoint.json`` (written last by ``gqa_jax.checkpoints.save``) names the
-gqa_jax format and its ``config.json`` and ``params/`` are there; a JSON file when it parses to an
-object. Nothing here imports JAX: the runner checks files only.
+fine-tuning run's ``best_model/``, which its evaluate run scores), readable as
+``gqa_jax.unreadable`` says (a checkpoint directory complete, a JSON file an object). Nothing here
+imports JAX: the runner checks files only.
 """
 
 from __future__ import annotations
@@ -18,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from gqa_jax.experiments.sweep import RUN_REF, Run
+from gqa_jax.unreadable import checkpoint_problem, json_problem
 
 RUN_FILE = "run.json"
 LOG_FILE = "log.txt"
-# gqa_jax.checkpoints.orbax's MARKER / FORMAT / CONFIG / PARAMS (tests/test_runner_outputs.py checks)
-CHECKPOINT_MARKER, CHECKPOINT_FORMAT = "checkpoint.json", {"format": "gqa_jax", "version": 1}
-CHECKPOINT_FILES = ("config.json", "params")
 # evaluate_stage.RESULTS and tools.t_infer.TIMING_FILE (the same test checks them)
 STAGE_OUTPUTS = {
     "pretrain": ("model",),
@@ -67,39 +64,14 @@ def problem(directory: Path, outputs: Sequence[str]) -> str | None:
     for name in outputs:
         path = directory / name
         if name.endswith(".json"):
-            why = _json_problem(path)
+            why = json_problem(path)
         elif not path.exists():
             why = "is missing"
         else:
-            why = _checkpoint_problem(path)
+            why = checkpoint_problem(path)
         if why:
             return f"{name}{'/' if not name.endswith('.json') else ''} {why}"
     return None
-
-
-def _json_problem(path: Path) -> str | None:
-    if not path.is_file():
-        return "is missing"
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return f"is unreadable ({type(e).__name__})"
-    return None if isinstance(value, dict) else "is unreadable (not a JSON object)"
-
-
-def _checkpoint_problem(path: Path) -> str | None:
-    if not path.is_dir():
-        return "is not a directory"
-    marker = path / CHECKPOINT_MARKER
-    if not marker.is_file():
-        return f"is not a complete checkpoint (no {CHECKPOINT_MARKER})"
-    try:
-        if json.loads(marker.read_text()) != CHECKPOINT_FORMAT:
-            return f"is not a gqa_jax checkpoint ({CHECKPOINT_MARKER} names another format)"
-    except (OSError, UnicodeDecodeError, ValueError):
-        return f"is not a complete checkpoint ({CHECKPOINT_MARKER} is unreadable)"
-    missing = [n for n in CHECKPOINT_FILES if not (path / n).exists()]
-    return f"is not a complete checkpoint (no {', '.join(missing)})" if missing else None
 
 
 def _when(text: Any) -> datetime.datetime | None:

@@ -36,7 +36,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gqa_jax import paths
+from gqa_jax import paths, unreadable
 from gqa_jax.experiments import locks, outputs, scheduler
 from gqa_jax.experiments.scheduler import status
 from gqa_jax.experiments.sweep import Run, Sweep, command, order
@@ -289,9 +289,7 @@ def _redo_in_place(directory: Path, needed: Sequence[str], why: str, stamp: str,
     kept = []
     for name in needed:
         if outputs.problem(directory, [name]) and (directory / name).exists():
-            aside = directory / f"{name}.unreadable-{stamp}"
-            os.replace(directory / name, aside)
-            kept.append(str(aside))
+            kept.append(str(unreadable.set_aside(directory / name, stamp)))
     record = outputs.record(directory.parent, directory.name) | {"status": "redo", "redo": why}
     paths.write_text_atomic(directory / outputs.RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
     moved = f" (kept as {', '.join(kept)})" if kept else ""

@@ -3,9 +3,9 @@
 ``WorkdirJournal`` takes the workdir's lock (``gqa_jax.training.lock``) and remembers what the
 workdir held when the run started. A start that fails before its first step (a bad checkpoint, out
 of memory while compiling, a data error) is undone: the files and directories this start created
-are removed, the metrics it moved aside are moved back, the config.json it replaced is restored and
-a workdir it created is removed again, so the corrected command starts as if the failed one had
-never run. Nothing that was there before is deleted.
+are removed, what it moved aside (an earlier run's metrics, an unreadable file) is moved back, the
+config.json it replaced is restored and a workdir it created is removed again, so the corrected
+command starts as if the failed one had never run. Nothing that was there before is deleted.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class WorkdirJournal:
         self.before = _names(workdir)
         self.checkpoints_before = _names(workdir / "checkpoints")
         config = workdir / "config.json"
-        self.config_text = config.read_text() if config.is_file() else None
+        self.config_bytes = config.read_bytes() if config.is_file() else None
         self.moved: list[tuple[Any, Any]] = []  # (from, to): moved aside by this start
         self.committed = False
 
@@ -64,11 +64,13 @@ class WorkdirJournal:
         self.moved.append((src, dst))
 
     def rollback(self) -> None:
-        """Undo this start: remove what it created, move back what it moved, restore config.json."""
+        """Undo this start: remove what it created, move back what it moved (over what it wrote in
+        its place), restore config.json."""
         if not self.is_main or self.committed:
             return
         for src, dst in reversed(self.moved):
-            if dst.exists() and not src.exists():
+            if dst.exists():
+                _remove(src)  # written by this start after the move
                 paths.move(dst, src)
         for name in sorted(_names(self.workdir) - self.before):
             if name in STARTED_FILES:
@@ -76,12 +78,13 @@ class WorkdirJournal:
         if "checkpoints" in self.before:
             for name in _names(self.workdir / "checkpoints") - self.checkpoints_before:
                 _remove(self.workdir / "checkpoints" / name)
-        if self.config_text is not None:
-            (self.workdir / "config.json").write_text(self.config_text)
-        for _src, dst in self.moved:  # the folder that held what was moved aside, now empty
-            for parent in (dst.parent, dst.parent.parent):
-                if parent != self.workdir and parent.is_dir() and not any(parent.iterdir()):
-                    parent.rmdir()
+        if self.config_bytes is not None:
+            paths.write_bytes_atomic(self.workdir / "config.json", self.config_bytes)
+        for _src, dst in self.moved:  # the folders inside the workdir that held what was moved, now empty
+            parent = dst.parent
+            while parent != self.workdir and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
 
     def release(self) -> None:
         """Drop the lock; a workdir this start created and left empty is removed."""

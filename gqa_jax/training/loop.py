@@ -34,6 +34,7 @@ from gqa_jax import (
     paths,
     profiling,
     sharding,
+    unreadable,
 )
 from gqa_jax import model as model_lib
 from gqa_jax.config import ModelConfig, preset
@@ -49,16 +50,20 @@ from gqa_jax.training.step import make_train_step
 from gqa_jax.training.stops import Stopped, StopSignals
 from gqa_jax.training.validate import check_config, checkpoint_overrides, starts_from
 from gqa_jax.training.workdir import (
+    check_layout,
     check_workdir,
     checkpoint_manager,
     clean_exports,
     config_dict,
+    config_json,
+    export_problem,
     refuse_or_set_aside,
     restore,
     restore_params,
+    set_aside_unreadable,
     stop_on_nan,
     truncate_metrics,
-    write_config,
+    write_record,
 )
 
 DEFAULT_PRESET = "tiny"  # a model trained from random weights without config.model.preset
@@ -171,6 +176,7 @@ def train(config: Any, workdir: Any) -> dict[str, Any]:
     if source := starts_from(config):  # a wrong path is named before the suite's vocabulary is built
         checkpoints.check_source(source)
     data_dir = config.data_dir or tasks_lib.default_data_dir()
+    check_layout(workdir)  # a file where a folder belongs (or the reverse), before anything is written
     # creates the workdir and takes its lock before anything is written or built: an unreachable or
     # busy workdir is named before the suite's vocabulary is built
     journal = WorkdirJournal(workdir)
@@ -260,17 +266,22 @@ def _setup(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, jour
     if config.mesh:
         log(f"mesh {dict(mesh.shape)} over {jax.process_count()} process(es): "
             + sharding.replication_report(replicated))  # fmt: skip
+    pipe, slice_count = _train_pipeline(config, task, vocab, data_dir, mesh)
     manager = checkpoint_manager(workdir, config.keep_checkpoints, best=task.metric is not None)
-    state, data_state = restore(manager, state, workdir)
-    resumed, start = data_state is not None, int(state.step)
+
+    def resume(saved: Any) -> Any:  # a position the pipeline cannot take: set aside like a corrupt checkpoint
+        return pipe.iterator(state=distributed.own_data_state(saved))
+
+    state, batches = restore(manager, state, workdir, resume)
+    resumed, start = batches is not None, int(state.step)
     _resume_or_start(config, workdir, journal, start, resumed, is_main)
     if is_main:  # after the decision to run: a refused start leaves these files as they were
-        _write_run_files(workdir, config, model_cfg, manifest, calibration_file)
+        _write_run_files(workdir, journal, config, model_cfg, manifest, calibration_file)
     if total == 0:
         log(f"{workdir}: alpha 0, the converted model is saved without a training step")
     elif start >= total:
         log(f"{workdir} already at step {start} >= {total}: nothing to train")
-    batches, slice_count = _batches(config, task, vocab, data_dir, mesh, data_state)
+    batches = batches if resumed else pipe.iterator()
     dropout = config.recipe == "finetune" and (config.model.dropout_rate or 0) > 0
     step_fn = make_train_step(
         graphdef, optimizer, mesh=mesh, state_shardings=shardings, num_microbatches=config.num_microbatches,
@@ -297,36 +308,34 @@ def _resume_or_start(config: Any, workdir: Any, journal: WorkdirJournal, start: 
         if config.get("restart_from_scratch"):
             log(f"restart_from_scratch is ignored: checkpoint {start} can be resumed")
         if is_main:
-            truncate_metrics(workdir, start)
+            truncate_metrics(workdir, start, journal)
     else:
         refuse_or_set_aside(workdir, config, journal)  # an earlier run's metrics: never duplicated
         log(f"{workdir}: starting at step 0")
 
 
-def _write_run_files(workdir: Any, config: Any, model_cfg: ModelConfig, manifest: dict[str, Any] | None,
-                     calibration_file: bytes | None) -> None:  # fmt: skip
-    """config.json, model_config.json and, when uptraining, conversion.json and calibration.npz."""
-    write_config(workdir, config)
-    (workdir / "model_config.json").write_text(model_cfg.to_json() + "\n")
+def _write_run_files(workdir: Any, journal: WorkdirJournal, config: Any, model_cfg: ModelConfig,
+                     manifest: dict[str, Any] | None, calibration_file: bytes | None) -> None:  # fmt: skip
+    """config.json, model_config.json and, when uptraining, conversion.json and calibration.npz,
+    each written whole, an unreadable one set aside first (``write_record``)."""
+    write_record(workdir / "config.json", config_json(config), journal)
+    write_record(workdir / "model_config.json", model_cfg.to_json() + "\n", journal)
     if manifest is not None:
-        (workdir / "conversion.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        write_record(workdir / "conversion.json", json.dumps(manifest, indent=2, default=str) + "\n", journal)
     if calibration_file is not None:
-        (workdir / convert.CALIBRATION_FILE).write_bytes(calibration_file)
+        write_record(workdir / convert.CALIBRATION_FILE, calibration_file, journal, unreadable.npz_problem)
 
 
-def _batches(
-    config: Any, task: Any, vocab: Any, data_dir: str, mesh: Any, data_state: Any
-) -> tuple[Any, int]:
-    """This process's train batches, from the restored position ``data_state`` (None: the start),
-    and how many slices the rows are read in: each process reads its own slice of every batch
-    (processes holding the same rows of the mesh read the same slice)."""
+def _train_pipeline(config: Any, task: Any, vocab: Any, data_dir: str, mesh: Any) -> tuple[Any, int]:
+    """This process's train pipeline, and how many slices the rows are read in: each process reads
+    its own slice of every batch (processes holding the same rows of the mesh read the same slice)."""
     slice_index, slice_count = distributed.process_data_slice(mesh)
     train_pipe = pipeline_lib.make_pipeline(
         task, "train", vocab, batch_size=config.batch_size, seed=config.seed, data_dir=data_dir,
         pack=config.pack, input_length=config.input_length, target_length=config.target_length,
         process_index=slice_index, process_count=slice_count,
     )  # fmt: skip
-    return train_pipe.iterator(state=distributed.own_data_state(data_state)), slice_count
+    return train_pipe, slice_count
 
 
 def _evaluate(run: _Run, state: TrainState, step: int) -> float | None:
@@ -459,8 +468,11 @@ def _export(run: _Run, state: TrainState) -> dict[str, Any]:
         same = int(best) == int(state.step)
         best_params = final_params if same else distributed.to_host(restore_params(run.manager, state, best))
     if run.is_main:
-        checkpoints.save(nnx.merge(run.graphdef, final_params), run.workdir / "model", overwrite=True)
-        if best_params is not None:
-            checkpoints.save(nnx.merge(run.graphdef, best_params), run.workdir / "best_model", overwrite=True)
-        (run.workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        exports = {"model": final_params} | ({"best_model": best_params} if best_params is not None else {})
+        for name, params in exports.items():
+            set_aside_unreadable(run.workdir / name, run.journal, export_problem)
+            checkpoints.save(nnx.merge(run.graphdef, params), run.workdir / name, overwrite=True)
+        write_record(
+            run.workdir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", run.journal
+        )
     return summary

@@ -18,14 +18,17 @@ Layout:
   corrupt_checkpoints/<step>-<time>/  checkpoints that could not be restored, moved aside
   previous/<time>/     an earlier run's metrics, decodes and exports, moved aside by
                        ``restart_from_scratch`` (see ``refuse_or_set_aside``)
+  <name>.unreadable-<time>  a run file that could not be read, set aside before its replacement
+                       was written (``write_record``; docs/training.md, "Damaged run files")
+
+``check_layout`` checks, before anything is built or written, that each of these folders is a
+folder and each file a file.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -33,11 +36,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from gqa_jax import checkpoints, paths, run_config
+from gqa_jax import checkpoints, paths, run_config, unreadable
+from gqa_jax.convert import CALIBRATION_FILE
 from gqa_jax.errors import RunError
+from gqa_jax.file_lock import LOCK_FILE
 from gqa_jax.log import log
+from gqa_jax.metric_writers import METRICS_FILE, TENSORBOARD_DIR
 from gqa_jax.training.state import TrainState
 from gqa_jax.training.step import Batch
+
+# What is wrong with a file (None: it is readable), as gqa_jax.unreadable's checks say.
+Problem = Callable[[Any], str | None]
 
 # Config fields a restart may change (they do not change what is computed, or only extend it).
 RESTART_MAY_CHANGE = frozenset(
@@ -73,6 +82,32 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# The workdir's top-level entries a run writes: folders, and files (``check_layout``).
+FOLDERS = ("checkpoints", TENSORBOARD_DIR, "decodes", "model", "best_model", "previous",
+           "corrupt_checkpoints")  # fmt: skip
+FILES = ("config.json", "model_config.json", "conversion.json", CALIBRATION_FILE, METRICS_FILE,
+         "metrics.discarded.jsonl", "summary.json", LOCK_FILE)  # fmt: skip
+
+
+def check_layout(workdir: Any) -> None:
+    """Every folder a run writes in ``workdir`` is a folder or absent, every file a file or absent:
+    a RunError naming the wrong ones, before anything is built or written (orbax, tensorboardX and
+    the exports would fail on them later, some from a thread of their own)."""
+    if not workdir.is_dir():
+        return  # absent (the journal makes it) or a file (the journal names it)
+    is_dir = {p.name: p.is_dir() for p in workdir.iterdir() if p.name in FOLDERS + FILES}
+    if is_dir.get("checkpoints"):  # orbax's step folders: it would replace a file of that name
+        steps = (workdir / "checkpoints").iterdir()
+        is_dir |= {f"checkpoints/{p.name}": p.is_dir() for p in steps if p.name.isdigit()}
+    wrong = [
+        f"{n} is a file where the run writes a folder" for n, d in is_dir.items() if not d and n not in FILES
+    ]
+    wrong += [f"{n} is a folder where the run writes a file" for n in FILES if is_dir.get(n)]
+    if wrong:
+        them = "it" if len(wrong) == 1 else "them"
+        raise RunError(f"workdir {workdir}: {', '.join(wrong)}: move {them} away, or use another --workdir")
+
+
 # What a run leaves that a fresh start would duplicate or overwrite.
 EARLIER_WORK = ("metrics.jsonl", "metrics.discarded.jsonl", "tensorboard", "decodes", "summary.json",
                 "model", "best_model")  # fmt: skip
@@ -85,7 +120,7 @@ def earlier_work(workdir: Any) -> list[Any]:
     found = [workdir / n for n in EARLIER_WORK if (workdir / n).exists()]
     found += sorted(workdir.glob("nan_step_*.json"))
     metrics = workdir / "metrics.jsonl"
-    if metrics in found and metrics.is_file() and not metrics.read_text().strip():
+    if metrics in found and metrics.is_file() and not metrics.read_bytes().strip():
         found.remove(metrics)
     if [p.name for p in found] == ["tensorboard"]:
         return []
@@ -101,7 +136,7 @@ def _read_config(file: Any) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as e:
         raise RunError(
             f"{file} cannot be read ({e}), so this restart cannot be checked against the run's config: if "
-            "the run used this same config, delete that file and run again (it is written anew); "
+            "the run used this same config, move that file away and run again (it is written anew); "
             "otherwise use another --workdir"
         ) from None
 
@@ -149,12 +184,7 @@ def refuse_or_set_aside(workdir: Any, config: Any, journal: Any) -> None:
             "to train again from step 0 here pass --config.restart_from_scratch=True (the earlier "
             "files are moved to previous/), or use another --workdir"
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    dest = workdir / "previous" / stamp
-    for n in range(2, 100):  # two restarts within a second
-        if not dest.exists():
-            break
-        dest = workdir / "previous" / f"{stamp}-{n}"
+    dest = unreadable.fresh(workdir / "previous" / unreadable.stamp())  # two restarts within a second
     for path in found:
         journal.move_aside(path, dest / path.name)
     log(f"restart_from_scratch: moved the earlier run's {names} to {dest}; starting at step 0")
@@ -167,10 +197,37 @@ def clean_exports(workdir: Any) -> None:
             log(line)
 
 
-def write_config(workdir: Any, config: Any) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(config_dict(config), indent=2, sort_keys=True, default=str) + "\n"
-    (workdir / "config.json").write_text(text)
+def config_json(config: Any) -> str:
+    """config.json's text: the resolved run config."""
+    return json.dumps(config_dict(config), indent=2, sort_keys=True, default=str) + "\n"
+
+
+def set_aside_unreadable(path: Any, journal: Any, problem: Problem = unreadable.json_problem) -> None:
+    """Before a run writes ``path`` anew: one that cannot be read (``problem`` says why) is moved
+    to ``<name>.unreadable-<time>`` beside it (moved back if this start fails, ``journal``) and
+    named in one line; never replaced unseen."""
+    if not path.exists() or not (why := problem(path)):
+        return
+    aside = unreadable.aside_path(path)
+    journal.move_aside(path, aside)
+    log(f"{path} {why}: set it aside as {aside.name}; the run writes a new one")
+
+
+def write_record(
+    file: Any, data: str | bytes, journal: Any, problem: Problem = unreadable.json_problem
+) -> None:
+    """Write the run file ``file`` whole (a kill leaves the old one or the new), an unreadable one
+    set aside first (``set_aside_unreadable``)."""
+    set_aside_unreadable(file, journal, problem)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    paths.write_bytes_atomic(file, data)
+
+
+def export_problem(path: Any) -> str | None:
+    """What is wrong with the export ``path`` (model/, best_model/) that ``checkpoints.save`` would
+    refuse to replace; None for a complete checkpoint or an empty folder."""
+    return unreadable.checkpoint_problem(path) if not path.is_dir() or any(path.iterdir()) else None
 
 
 def _score(metrics: Mapping[str, Any]) -> float:
@@ -197,11 +254,16 @@ def checkpoint_manager(workdir: Any, keep: int, best: bool) -> Any:
     return ocp.CheckpointManager(workdir / "checkpoints", options=options, item_names=("state", "data"))
 
 
-def restore(manager: Any, state: TrainState, workdir: Any) -> tuple[TrainState, Any]:
-    """The newest readable checkpoint -> ``(state, data position)``; ``(state, None)`` when none.
+def restore(
+    manager: Any, state: TrainState, workdir: Any, resume: Callable[[Any], Any]
+) -> tuple[TrainState, Any]:
+    """The newest checkpoint that restores -> ``(state, resume(its data position))``, the batches
+    from there on; ``(state, None)`` when there is none.
 
-    A checkpoint that fails to restore (corrupt, half-written) is moved aside to
-    ``workdir/corrupt_checkpoints/`` with a warning (never deleted), and the previous one is tried.
+    A checkpoint that fails to restore (corrupt, half-written), or whose data position ``resume``
+    cannot take, is moved aside to ``workdir/corrupt_checkpoints/`` with one line (never deleted),
+    and the previous one is tried. A RunError from ``resume`` (a position written by another
+    number of processes) is not damage: it stops the run.
     """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     for step in sorted(manager.all_steps(), reverse=True):
@@ -212,14 +274,16 @@ def restore(manager: Any, state: TrainState, workdir: Any) -> tuple[TrainState, 
                     state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()
                 ),
             )
-            return restored["state"], restored["data"]
+            return restored["state"], resume(restored["data"])
+        except RunError:
+            raise
         except Exception as err:  # any failure to read it back means: do not trust it
-            aside = workdir / "corrupt_checkpoints" / f"{step}-{int(time.time())}"
+            aside = unreadable.fresh(workdir / "corrupt_checkpoints" / f"{step}-{unreadable.stamp()}")
             aside.parent.mkdir(parents=True, exist_ok=True)
-            warnings.warn(
+            why = " ".join(str(err).split())[:200]
+            log(
                 f"checkpoint {step} in {workdir / 'checkpoints'} cannot be restored ({type(err).__name__}: "
-                f"{str(err)[:200]}); moved it to {aside} and trying the previous one",
-                stacklevel=2,
+                f"{why}); moved it to {aside} and trying the previous one"
             )
             paths.move(workdir / "checkpoints" / str(step), aside)
             manager.reload()
@@ -235,22 +299,28 @@ def restore_params(manager: Any, state: TrainState, step: int) -> Any:
     return restored["state"].params
 
 
-def truncate_metrics(workdir: Any, step: int) -> None:
-    """On resume, move metric lines logged after the restored step to metrics.discarded.jsonl."""
-    file = workdir / "metrics.jsonl"
+def truncate_metrics(workdir: Any, step: int, journal: Any) -> None:
+    """On resume, move the lines of metrics.jsonl logged after the restored step, or unreadable (a
+    killed run's half-written line), to metrics.discarded.jsonl, in one line; a metrics.jsonl that
+    is not text is set aside whole (``set_aside_unreadable``)."""
+    file = workdir / METRICS_FILE
+    set_aside_unreadable(file, journal, unreadable.text_problem)
     if not file.is_file():
         return
-    keep, drop = [], []
+    keep, drop, later = [], [], 0
     for line in file.read_text().splitlines():
         try:
-            later = int(json.loads(line).get("step", 0)) > step
-        except (ValueError, AttributeError):
-            later = True  # a half-written line from the killed run
-        (drop if later else keep).append(line)
+            after = int(json.loads(line).get("step", 0)) > step
+        except (ValueError, TypeError, AttributeError):  # a half-written line from the killed run
+            drop.append(line)
+            continue
+        (drop if after else keep).append(line)
+        later += after
     if drop:
         paths.append_text(workdir / "metrics.discarded.jsonl", "\n".join(drop) + "\n")
-        text = "".join(line + "\n" for line in keep)
-        paths.write_text_atomic(file, text)
+        paths.write_text_atomic(file, "".join(line + "\n" for line in keep))
+        why = f"{later} logged after step {step}, {len(drop) - later} unreadable"
+        log(f"{file}: moved {len(drop)} line(s) to metrics.discarded.jsonl ({why})")
 
 
 def _batch_stats(batch: Mapping[str, Any]) -> dict[str, Any]:

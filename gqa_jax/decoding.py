@@ -20,8 +20,6 @@ Letters: ``B`` batch, ``S`` encoder length, ``T`` decoder length (``T_max`` = ma
   ``gqa_jax.cpu_step``) is chosen once, by ``decode_config`` for the mesh, and read here only:
   it lays out the step's weights (``step_weights``) and the prefill's row chunks
   (``prefill_chunk_rows``); the model's code is the same under both.
-- ``uncached_greedy_decode`` re-runs the whole teacher-forced decoder each step: the reference
-  for tests and the "without cache" row of the benchmark.
 - Beam search is in ``gqa_jax.beam_search``, over the same step; the host-side checks and the
   placement on a mesh are in ``gqa_jax.decode_inputs``.
 
@@ -465,61 +463,3 @@ def sample_decode(
         logits=state.logits,
         cache=state.cache if return_cache else None,
     )
-
-
-# --------------------------------------------------------------------- the cache-free path
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_decode_len", "eos_id"))
-def _uncached_loop(graphdef, params, encoder_input_ids, *, max_decode_len: int, eos_id: int):
-    model = nnx.merge(graphdef, params)
-    B = encoder_input_ids.shape[0]
-    encoded = model.encode(encoder_input_ids)
-    mask = encoder_input_ids != PAD_ID
-
-    def step(carry):
-        inputs, tokens, logits_all, done, lengths, t = carry
-        # [B, T_max, V]: the whole prefix, every step
-        logits = model.decode_teacher_forced(inputs, encoded, mask)
-        logits = jax.lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)  # [B, V]
-        token = jnp.where(done, PAD_ID, jnp.argmax(logits, -1).astype(jnp.int32))
-        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, t))
-        inputs = jax.lax.dynamic_update_slice(
-            inputs, token[:, None], (0, jnp.minimum(t + 1, max_decode_len - 1))
-        )
-        logits_all = jax.lax.dynamic_update_slice(logits_all, logits[:, None], (0, t, 0))
-        return (
-            inputs,
-            tokens,
-            logits_all,
-            done | (token == eos_id),
-            lengths + (~done).astype(jnp.int32),
-            t + 1,
-        )
-
-    def running(carry):
-        return (carry[5] < max_decode_len) & ~jnp.all(carry[3])
-
-    zeros = jnp.zeros((B, max_decode_len), jnp.int32)  # pad = decoder start id = 0
-    init = (
-        zeros,
-        zeros,
-        jnp.zeros((B, max_decode_len, model.config.vocab_size), jnp.float32),
-        jnp.zeros((B,), bool),
-        jnp.zeros((B,), jnp.int32),
-        jnp.zeros((), jnp.int32),
-    )
-    _, tokens, logits, _, lengths, _ = jax.lax.while_loop(running, step, init)
-    return tokens, lengths, logits
-
-
-def uncached_greedy_decode(
-    model: ModelLike, encoder_input_ids: Any, max_decode_len: int, eos_id: int = EOS_ID
-) -> DecodeResult:
-    """Greedy decoding without a cache: the full decoder over the whole prefix at every step."""
-    graphdef, params = as_split(model)
-    ids = validate_inputs(
-        config_of(model), encoder_input_ids, max_decode_len, max_input_len=None, truncate=False
-    )
-    tokens, lengths, logits = _uncached_loop(
-        graphdef, params, ids, max_decode_len=int(max_decode_len), eos_id=int(eos_id)
-    )
-    return DecodeResult(tokens=tokens, lengths=lengths, logits=logits)

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from gqa_jax import cpu_step, decoding
+from gqa_jax import uncached as uncached_lib
 from gqa_jax.beam_search import beam_search
 from gqa_jax.cache import cache_bytes, expected_cache_bytes
 from gqa_jax.config import DecodeConfig, preset
@@ -44,7 +45,7 @@ def model(request) -> T5:
 
 def test_cached_equals_uncached_tokens_and_step_logits(model):
     cached = decoding.greedy_decode(model, ENC, MAX, return_logits=True)
-    uncached = decoding.uncached_greedy_decode(model, ENC, MAX)
+    uncached = uncached_lib.greedy_decode(model, ENC, MAX)
     np.testing.assert_array_equal(np.asarray(cached.tokens), np.asarray(uncached.tokens))
     np.testing.assert_array_equal(np.asarray(cached.lengths), np.asarray(uncached.lengths))
     np.testing.assert_allclose(np.asarray(cached.logits), np.asarray(uncached.logits), atol=1e-5, rtol=0)
@@ -179,7 +180,7 @@ def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch)
     for a, b in zip(jax.tree.leaves(batched), jax.tree.leaves(chunked), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
     cached = decoding.greedy_decode(model, ENC, n, return_logits=True)
-    uncached = decoding.uncached_greedy_decode(model, ENC, n)
+    uncached = uncached_lib.greedy_decode(model, ENC, n)
     np.testing.assert_array_equal(np.asarray(cached.tokens), np.asarray(uncached.tokens))
     np.testing.assert_allclose(np.asarray(cached.logits), np.asarray(uncached.logits), atol=1e-5, rtol=0)
 

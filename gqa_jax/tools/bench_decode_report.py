@@ -73,7 +73,7 @@ def _section_a(res: dict[str, Any]) -> list[str]:
         *table,
         "",
         f"Cached rows: `greedy_decode`, median of the runs shown (`--runs-a` beyond {T} new tokens; the "
-        f"{T}-token row is table b's MHA). Uncached = `uncached_greedy_decode`: every step re-runs "
+        f"{T}-token row is table b's MHA). Uncached = `uncached.greedy_decode`: every step re-runs "
         "the whole decoder over all T positions. The full loop runs only where its estimate (prefill + "
         "T x one timed decoder pass) is within "
         f"{st['uncached_budget_s']:.0f} s (`--uncached-budget`); other rows are not run and show '-' "

@@ -7,7 +7,7 @@ row emits exactly T tokens and every path is checked for it):
   on after each step, gives TTFT and the per-step latencies (p50 / p95): the fused loop's programs,
   with its settings and kernel (``decoding.decode_config``), the weights laid out for the steps
   once beforehand (``decoding.step_weights``), as the fused loop lays them out once per decode;
-- uncached: ``decoding.uncached_greedy_decode`` (every step re-runs the whole decoder), or its
+- uncached: ``uncached.greedy_decode`` (every step re-runs the whole decoder), or its
   estimate where the full loop would take too long.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from gqa_jax import cache as kvcache
-from gqa_jax import decoding
+from gqa_jax import decoding, uncached
 from gqa_jax.tools.bench_models import NEVER_EOS, Split
 from gqa_jax.tools.measurement import measure, percentile
 
@@ -96,7 +96,7 @@ def bench_stepped(
 
 # ------------------------------------------------------------------------- the cache-free path
 def _uncached_pass(graphdef: Any, params: Any, inputs, cross_kv, mask, t):
-    """One step of ``decoding.uncached_greedy_decode``: the whole decoder over all T positions.
+    """One step of ``uncached.greedy_decode``: the whole decoder over all T positions.
 
     The cross-attention K/V projection of the encoder output is loop-invariant and XLA hoists
     it out of the compiled loop, so the pass takes it precomputed (a pass that re-projects it
@@ -132,7 +132,7 @@ def bench_uncached(
         }
         if estimate <= budget_s:
             timing, result = measure(
-                lambda T=T: decoding.uncached_greedy_decode(split, ids, T, eos_id=NEVER_EOS), runs
+                lambda T=T: uncached.greedy_decode(split, ids, T, eos_id=NEVER_EOS), runs
             )
             if not (np.asarray(result.lengths) == T).all():
                 raise RuntimeError(f"uncached decoding emitted {np.asarray(result.lengths)}, expected {T}")

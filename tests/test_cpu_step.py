@@ -11,7 +11,7 @@ from flax import nnx
 from gqa_jax import cpu_step, decoding
 from gqa_jax.config import preset
 from gqa_jax.model import T5
-from gqa_jax.tools import bench_step
+from gqa_jax.tools import hlo_profile
 
 
 def paths_and_shapes(params) -> dict[str, tuple[int, ...]]:
@@ -53,8 +53,8 @@ def test_the_cpu_step_reads_every_weight_where_it_lies():
     state = decoding.start(graphdef, params, jnp.ones((4, 6), jnp.int32), jax.random.key(0), config=dc)
     weights = decoding.step_weights(graphdef, params, dc)
     hlo = decoding.step.lower(graphdef, weights, state, jnp.float32(0), config=dc).compile().as_text()
-    ops, _ = bench_step.parse_hlo(hlo)
-    comps = bench_step.computations(ops)
+    ops, _ = hlo_profile.parse_hlo(hlo)
+    comps = hlo_profile.computations(ops)
     products = re.compile(r"weights_params.*(query|key|value|out|wi_\d|wo|lm_head)___value")
     users = [op for op in ops.values() if any(products.search(name) for name in op.operands)]
     assert len(users) == 2 * (4 + 2 + 3) + 1  # 2 layers: self q k v out, cross q out, wi_0 wi_1 wo; lm_head

@@ -6,6 +6,7 @@ the float cache's on a trained model). Markdown tables on stdout, progress on st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from gqa_jax.cli import options
@@ -140,9 +141,18 @@ def _add_step_args(sub: Any) -> None:
     )
     _add_decode_shape_args(s)
     s.add_argument(
+        "--shape",
+        default=None,
+        metavar="FIELD=N,...",
+        help="ModelConfig fields replaced in the preset, e.g. the mini's XXL role: "
+        "vocab_size=8000,d_model=128,d_ff=256,num_heads=8,head_dim=16,num_encoder_layers=2,"
+        "num_decoder_layers=2 (default: the preset as it is)",
+    )
+    s.add_argument(
         "--top", type=options.positive_int, default=16, help="groups shown per model (default: %(default)s)"
     )
     options.add_dtype(s, default="float32", choices=DTYPES, help="dtype (default: %(default)s)")
+    options.add_cache_dtype(s)
     options.add_seed(s)
     options.add_json(s)
     s.add_argument(
@@ -157,13 +167,33 @@ def _run_step(args: argparse.Namespace) -> int:
 
     if args.keep_trace is not None:
         options.check_writable_dir(args.keep_trace, "--keep-trace")
+    shape = _shape(args.shape, args.preset)
     res = bench_step.run_step_bench(
-        preset_name=args.preset, batch=args.batch, input_len=args.input_len, new_tokens=args.new_tokens,
-        kv_heads=args.kv_heads, dtype=args.dtype, seed=args.seed, keep_trace=args.keep_trace, log=log,
+        preset_name=args.preset, shape=shape, batch=args.batch, input_len=args.input_len,
+        new_tokens=args.new_tokens, kv_heads=args.kv_heads, dtype=args.dtype, cache_dtype=args.cache_dtype,
+        seed=args.seed, keep_trace=args.keep_trace, log=log,
     )  # fmt: skip
     print(bench_step.report(res, top=args.top), flush=True)
     options.write_json(res, args.json)
     return 0
+
+
+def _shape(text: str | None, preset_name: str) -> dict[str, int]:
+    """``--shape FIELD=N,...`` -> ModelConfig fields, checked by building the config (a ValueError
+    naming the field) before any work."""
+    from gqa_jax.config import ModelConfig, preset
+
+    if text is None:
+        return {}
+    fields = sorted(f.name for f in dataclasses.fields(ModelConfig) if f.type == "int")
+    shape = {}
+    for item in options.comma_list(text):
+        name, _, value = item.partition("=")
+        if name not in fields or not value.strip().isdigit():
+            raise ValueError(f"--shape {item!r}: give FIELD=N with FIELD one of {', '.join(fields)}")
+        shape[name] = int(value)
+    preset(preset_name, **shape)  # ModelConfig's own checks (heads dividing, ...)
+    return shape
 
 
 # ----------------------------------------------------------------------------------- train

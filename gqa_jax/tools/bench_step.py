@@ -4,14 +4,8 @@ For each model (the random MHA model of a preset and its ``mean`` conversions, a
 decode``), the fused greedy loop (the jitted ``while_loop`` that ``greedy_decode`` runs) is
 compiled once, run once to warm up and once under ``jax.profiler``. The trace's op events are
 matched by name to the compiled HLO; the ops of the decode loop's body (the ``while`` body whose
-ops ran once per step) are grouped by source line, op, output shape and largest input:
-
-  ms / step   summed durations of the group's ops / steps (XLA's threads may run ops side by side)
-  MB / step   bytes of the ops' inputs by their HLO shapes; an in-place cache write (scatter,
-              dynamic-update-slice) counts the update, not the buffer it writes into; a gather
-              or slice (the embedding lookup) at most what it takes
-  GB/s        MB / step over ms / step: the rate the ops read at, beside the read-bandwidth
-              probe of ``bench decode``'s floor, measured in the same run
+ops ran once per step) are grouped by source line, op, output shape and largest input, with ms,
+MB and GB/s per step (``tools.hlo_profile``).
 
 The loop's wall time per step is the span from its first op's start to its last op's end over
 the steps; the difference to the summed op times is time outside any op (the runtime between
@@ -20,10 +14,7 @@ ops, or ops overlapping when it is negative).
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,237 +26,31 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gqa_jax import cache as kvcache
 from gqa_jax import decoding
 from gqa_jax.config import preset
 from gqa_jax.tools.bench_models import NEVER_EOS, Split, build_models, parse_kv_heads, random_ids
+from gqa_jax.tools.decode_floor import roofline_s, step_bytes, step_ops
+from gqa_jax.tools.hlo_profile import breakdown, op_events, parse_hlo
 from gqa_jax.tools.info import attention_name
-from gqa_jax.tools.measurement import machine_info, md_table, measure, measure_read_bandwidth, probe_sizes
-
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4}
-_DTYPE_BYTES |= {"f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
-_HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\) -> .*\{$")
-_INSTR = re.compile(r"^\s*(ROOT )?%([\w.\-]+) = ")
-_IN_PLACE = ("scatter", "dynamic-update-slice")
-_TAKES = {"gather", "dynamic-slice", "slice"}
-
-
-@dataclasses.dataclass
-class Op:
-    """One HLO instruction: its computation, opcode, output shape, operand names, the computation
-    it calls (a fusion's body) or loops over (a while's body), and its source frame."""
-
-    name: str
-    computation: str
-    opcode: str
-    shape: str
-    operands: list[str]
-    calls: str | None = None
-    body: str | None = None
-    frame: int | None = None
-    root: bool = False
-
-
-def shape_bytes(shape: str) -> int:
-    """Bytes of every array in an HLO shape string (``f32[8,512]{1,0}``, tuples summed)."""
-    total = 0
-    for dtype, dims in _ARRAY.findall(shape):
-        size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
-        if size is not None:
-            total += size * int(np.prod([int(d) for d in dims.split(",") if d], dtype=np.int64))
-    return total
-
-
-def compact(shape: str) -> str:
-    """The shape without its layouts: ``f32[8,512]{1,0}`` -> ``f32[8,512]``."""
-    return re.sub(r"\{[^}]*\}", "", shape)
-
-
-def _close(text: str, start: int) -> int:
-    """Index of the parenthesis closing the one opened just before ``start``."""
-    depth = 1
-    for i in range(start, len(text)):
-        depth += {"(": 1, ")": -1}.get(text[i], 0)
-        if depth == 0:
-            return i
-    return len(text)
-
-
-def parse_hlo(text: str) -> tuple[dict[str, Op], dict[int, str]]:
-    """Instructions of an HLO module's text by name, and source frames ``{id: "file:line fn"}``
-    from its stack-frame tables (empty when the text has none)."""
-    ops: dict[str, Op] = {}
-    computation = ""
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header:
-            computation = header.group(1)
-            continue
-        m = _INSTR.match(line)
-        if not m:
-            continue
-        rest = line[m.end() :]
-        if rest.startswith("("):  # a tuple shape
-            end = _close(rest, 1)
-            shape, rest = rest[: end + 1], rest[end + 2 :]
-        else:
-            shape, _, rest = rest.partition(" ")
-        opcode, _, rest = rest.partition("(")
-        end = _close(rest, 0)
-        args, attrs = rest[:end], rest[end + 1 :]
-        calls = re.search(r"calls=%([\w.\-]+)", attrs)
-        body = re.search(r"body=%([\w.\-]+)", attrs)
-        frame = re.search(r"stack_frame_id=(\d+)", attrs)
-        ops[m.group(2)] = Op(
-            name=m.group(2),
-            computation=computation,
-            opcode=opcode,
-            shape=shape,
-            operands=re.findall(r"%([\w.\-]+)", args),
-            calls=calls.group(1) if calls else None,
-            body=body.group(1) if body else None,
-            frame=int(frame.group(1)) if frame else None,
-            root=bool(m.group(1)),
-        )
-    return ops, _frames(text)
-
-
-def _section(text: str, name: str) -> list[str]:
-    m = re.search(rf"^{name}\n(.*?)(?:\n\s*\n|\Z)", text, re.S | re.M)
-    return m.group(1).splitlines() if m else []
-
-
-def _frames(text: str) -> dict[int, str]:
-    """``{stack frame id: "file.py:line function"}`` of the frame's own (innermost) location."""
-
-    def table(name: str) -> dict[int, str]:
-        return {int(r.split()[0]): r.split(None, 1)[1].strip('"') for r in _section(text, name) if r.strip()}
-
-    def fields(row: str) -> dict[str, int]:
-        return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", row)}
-
-    files, functions = table("FileNames"), table("FunctionNames")
-    locations = {}
-    for row in _section(text, "FileLocations"):
-        f = fields(row)
-        file = Path(files.get(f.get("file_name_id", 0), "?")).name
-        locations[int(row.split()[0])] = (
-            f"{file}:{f.get('line', 0)} {functions.get(f.get('function_name_id', 0), '?')}"
-        )
-    return {
-        int(row.split()[0]): locations.get(fields(row).get("file_location_id", 0), "?")
-        for row in _section(text, "StackFrames")
-    }
-
-
-def computations(ops: dict[str, Op]) -> dict[str, tuple[set[str], str | None]]:
-    """``{computation: (its opcodes, its root's opcode)}``."""
-    out: dict[str, tuple[set[str], str | None]] = {}
-    for op in ops.values():
-        opcodes, root = out.get(op.computation, (set(), None))
-        out[op.computation] = (opcodes | {op.opcode}, op.opcode if op.root else root)
-    return out
-
-
-def input_bytes(op: Op, ops: dict[str, Op], comps: dict | None = None) -> int:
-    """Bytes of an op's inputs. An in-place write (scatter or dynamic-update-slice, alone or as
-    its fusion's root) does not count the operand it writes into (the one shaped like its
-    output); an op that gathers or slices (alone or in its fusion) counts an operand larger than
-    its output at the output's size (it takes rows, not the whole array)."""
-    comps = computations(ops) if comps is None else comps
-    inner, root = comps.get(op.calls, (set(), None)) if op.calls else (set(), None)
-    shapes = [ops[name].shape for name in op.operands if name in ops]
-    if op.opcode in _IN_PLACE or root in _IN_PLACE:
-        out = compact(op.shape)
-        for i, s in enumerate(shapes):
-            if compact(s) == out:
-                del shapes[i]
-                break
-    sizes = [shape_bytes(s) for s in shapes]
-    if (inner | {op.opcode}) & _TAKES:
-        sizes = [min(b, shape_bytes(op.shape)) for b in sizes]
-    return sum(sizes)
-
-
-def op_events(trace_dir: str) -> list[tuple[str, float, float]]:
-    """``(name, start_ns, end_ns)`` of every event in the newest trace under ``trace_dir`` (an
-    event's ``hlo_op`` stat names the op where the event is a device kernel)."""
-    from jax.profiler import ProfileData
-
-    paths = sorted(Path(trace_dir).glob("**/*.xplane.pb"), key=os.path.getmtime)
-    if not paths:
-        raise RuntimeError(f"jax.profiler wrote no trace under {trace_dir}")
-    events = []
-    for plane in ProfileData.from_file(str(paths[-1])).planes:
-        for line in plane.lines:
-            for ev in line.events:
-                stats = dict(ev.stats)
-                name = stats.get("hlo_op", ev.name)
-                events.append((str(name), float(ev.start_ns), float(ev.start_ns + ev.duration_ns)))
-    return events
-
-
-def breakdown(ops: dict[str, Op], frames: dict[int, str], events: list, steps: int) -> dict[str, Any]:
-    """The decode loop's body ops, timed and grouped (module docstring). The body is the while
-    body computation whose ops' events most often numbered exactly ``steps``."""
-    by_name = collections.defaultdict(list)
-    for name, start, end in events:
-        if name in ops:
-            by_name[name].append((start, end))
-    bodies = {op.body for op in ops.values() if op.opcode == "while" and op.body}
-
-    def matches(body: str) -> int:
-        return sum(len(by_name[o.name]) == steps for o in ops.values() if o.computation == body)
-
-    if not bodies or max(map(matches, bodies)) == 0:
-        raise RuntimeError(f"no while body in the compiled loop ran its ops {steps} times in the trace")
-    body = max(bodies, key=matches)
-    comps = computations(ops)
-    groups: dict[tuple, dict[str, Any]] = {}
-    first, last, total_ns = float("inf"), 0.0, 0.0
-    for op in ops.values():
-        if op.computation != body or not by_name[op.name]:
-            continue
-        spans = by_name[op.name]
-        ns = sum(end - start for start, end in spans)
-        first, last, total_ns = (
-            min(first, min(s for s, _ in spans)),
-            max(last, max(e for _, e in spans)),
-            total_ns + ns,
-        )
-        shapes = [compact(ops[n].shape) for n in op.operands if n in ops]
-        largest = max(shapes, key=lambda s: shape_bytes(s), default="")
-        key = (frames.get(op.frame, "?"), re.sub(r"\.\d+$", "", op.name), compact(op.shape), largest)
-        g = groups.setdefault(key, {"ops": 0, "ns": 0.0, "bytes": 0})
-        g["ops"] += len(spans) / steps
-        g["ns"] += ns
-        g["bytes"] += input_bytes(op, ops, comps) * len(spans) / steps
-    rows = [
-        {
-            "source": src,
-            "op": kind,
-            "output": out,
-            "largest_input": largest,
-            "ops_per_step": g["ops"],
-            "step_s": g["ns"] / steps / 1e9,
-            "bytes_per_step": g["bytes"],
-            "gb_s": g["bytes"] / (g["ns"] / steps) if g["ns"] else float("nan"),
-        }
-        for (src, kind, out, largest), g in groups.items()
-    ]
-    rows.sort(key=lambda r: -r["step_s"])
-    return {
-        "body": body,
-        "steps": steps,
-        "wall_step_s": (last - first) / steps / 1e9,
-        "ops_step_s": total_ns / steps / 1e9,
-        "bytes_per_step": sum(r["bytes_per_step"] for r in rows),
-        "rows": rows,
-    }
+from gqa_jax.tools.measurement import (
+    BEYOND_CACHES,
+    machine_info,
+    matmul_rate,
+    md_table,
+    measure,
+    probe_sizes,
+    read_rate,
+)
 
 
 def profile_loop(
-    split: Split, ids: np.ndarray, steps: int, runs: int = 3, keep_trace: str | os.PathLike | None = None
+    split: Split,
+    ids: np.ndarray,
+    steps: int,
+    runs: int = 3,
+    keep_trace: str | os.PathLike | None = None,
+    cache_dtype: str | None = None,
 ) -> dict[str, Any]:
     """Compile the greedy loop, time it (median of ``runs``), trace one more run, break it down.
     The trace is kept in ``keep_trace`` (``profiling.trace_files`` finds it), else deleted."""
@@ -273,7 +58,7 @@ def profile_loop(
     ids = jnp.asarray(ids, jnp.int32)
     key, temperature = jax.random.key(0), jnp.float32(0.0)
     # greedy, on the path greedy_decode takes here (the CPU fast path on one CPU device)
-    config = decoding.decode_config(steps, eos_id=NEVER_EOS)
+    config = decoding.decode_config(steps, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
     start = time.perf_counter()
     lowered = decoding.prefill_and_decode.lower(graphdef, params, ids, key, temperature, config=config)
     compiled = lowered.compile()
@@ -301,50 +86,111 @@ def profile_loop(
 def run_step_bench(
     *,
     preset_name: str = "small",
+    shape: dict[str, int] | None = None,
     batch: int = 8,
     input_len: int = 512,
     new_tokens: int = 64,
     kv_heads: str | None = None,
     dtype: str = "float32",
+    cache_dtype: str | None = None,
     seed: int = 0,
     keep_trace: str | os.PathLike | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Build the models, measure the read-bandwidth probe, profile each model's loop (its trace
-    kept in ``keep_trace/kv<K>`` when given)."""
-    config = preset(preset_name, dtype=dtype, param_dtype=dtype)
+    """Build the models (``preset_name`` with the ModelConfig fields of ``shape`` replaced), measure
+    the machine's read and matmul rates, profile each model's loop (its trace kept in
+    ``keep_trace/kv<K>`` when given) and put each step beside its roofline (:func:`step_model`)."""
+    config = preset(preset_name, dtype=dtype, param_dtype=dtype, **(shape or {}))
     ks = parse_kv_heads(kv_heads, config.num_heads)
     models = build_models(config, ks, seed, log)
     ids = random_ids(config.vocab_size, batch, input_len, seed)  # bench decode's inputs
-    log("measuring read bandwidth ...")
-    probes = probe_sizes(config.d_model, config.vocab_size)
-    bandwidth = measure_read_bandwidth(batch, probes["shapes"], jnp.dtype(dtype), 10, probes["big"])
+    lengths = (input_len, new_tokens)
+    mha_bytes = _step_bytes(models[config.num_heads], batch, lengths, cache_dtype or dtype)["total"]
+    log("measuring the machine's read and matmul rates ...")
+    rates = {
+        "read_step": read_rate(mha_bytes, 10),  # a buffer of the MHA step's size
+        "read_big": read_rate(BEYOND_CACHES, 10),
+        "matmul": matmul_rate(jnp.dtype(dtype), [probe_sizes(config.d_model, config.vocab_size)["n"]], 5),
+    }
     res: dict[str, Any] = {
-        "settings": {"preset": preset_name, "batch": batch, "input_len": input_len, "new_tokens": new_tokens}
-        | {"dtype": dtype, "seed": seed},
+        "settings": {"preset": preset_name, "shape": shape or {}, "batch": batch, "input_len": input_len}
+        | {"new_tokens": new_tokens, "dtype": dtype, "cache_dtype": cache_dtype or dtype, "seed": seed},
         "machine": machine_info(),
-        "bandwidth": bandwidth,
+        "rates": rates,
         "models": {},
     }
     for k in sorted(models, reverse=True):
         log(f"K = {k}: compile, time and trace the greedy loop ...")
-        _, model = models[k]
         kept = Path(keep_trace) / f"kv{k}" if keep_trace is not None else None
-        res["models"][k] = profile_loop(nnx.split(model), ids, new_tokens, keep_trace=kept)
-        log(f"K = {k}: {res['models'][k]['wall_step_s'] * 1e3:.1f} ms per step")
+        profile = profile_loop(
+            nnx.split(models[k][1]), ids, new_tokens, keep_trace=kept, cache_dtype=cache_dtype
+        )
+        profile["model"] = step_model(models[k], batch, lengths, cache_dtype or dtype, rates)
+        res["models"][k] = profile
+        log(f"K = {k}: {profile['wall_step_s'] * 1e3:.1f} ms per step")
     return res
 
 
+def _step_bytes(
+    model: tuple[Any, Any], batch: int, lengths: tuple[int, int], cache_dtype: str
+) -> dict[str, int]:
+    config, t5 = model
+    return step_bytes(t5, config, batch, kvcache.expected_cache_bytes(config, batch, *lengths, cache_dtype))
+
+
+def step_model(
+    model: tuple[Any, Any], batch: int, lengths: tuple[int, int], cache_dtype: str, rates: dict[str, Any]
+) -> dict[str, Any]:
+    """A step's bytes and FLOPs (``decode_floor.step_ops``), and its roofline at the machine's rate
+    for a buffer of the step's size and its matmul rate."""
+    config, t5 = model
+    cache = kvcache.expected_cache_bytes(config, batch, *lengths, cache_dtype)
+    ops = step_ops(t5, config, batch, lengths, cache)
+    gb_s, gflop_s = rates["read_step"]["gb_s"], rates["matmul"]["gflop_s"]
+    return {
+        "bytes": sum(op["bytes"] for op in ops),
+        "flops": sum(op["flops"] for op in ops),
+        "cache_bytes": cache["total"],
+        "roofline_s": roofline_s(ops, gb_s, gflop_s),
+        "attention_roofline_s": roofline_s(
+            [op for op in ops if op["op"].startswith("attention.")], gb_s, gflop_s
+        ),
+    }
+
+
+def attention_s(rows: list[dict[str, Any]]) -> float:
+    """Seconds per step of the attention over the cache: the ops of ``attention.py`` and
+    ``kv_quant.py`` (scores, mask, softmax, values, a quantized cache's scales) and the products
+    with a 4-D cache-shaped input that carry no source line."""
+
+    def attends(r: dict[str, Any]) -> bool:
+        src = r["source"]
+        return (
+            "attention.py" in src
+            or "kv_quant.py" in src
+            or (src == "?" and r["op"] == "dot" and r["largest_input"].count(",") == 3)
+        )
+
+    return sum(r["step_s"] for r in rows if attends(r))
+
+
 def report(res: dict[str, Any], top: int = 16) -> str:
-    """Markdown: per model, the ``top`` groups by time, the rest lumped, and the totals."""
-    st, ref = res["settings"], res["bandwidth"]["reference"]
+    """Markdown: each step beside its roofline (:func:`summary`), then per model the ``top`` groups
+    of ops by time, the rest lumped, and the totals."""
+    st, rates = res["settings"], res["rates"]
+    shape = ", ".join(f"{k}={v}" for k, v in st["shape"].items())
     lines = [
-        f"# Where a decode step's time goes: {st['preset']} (random weights), batch {st['batch']}, "
-        f"input {st['input_len']}, {st['new_tokens']} steps, {st['dtype']}",
+        f"# Where a decode step's time goes: {st['preset']}{f' ({shape})' if shape else ''}, random "
+        f"weights, batch {st['batch']}, input {st['input_len']}, {st['new_tokens']} steps, {st['dtype']}, "
+        f"KV cache {st['cache_dtype']}",
         "",
-        f"Machine: {res['machine']['processor']}, {res['machine']['backend']}. Read-bandwidth probe "
-        f"(as `bench decode`'s floor): {ref['gb_s']:.1f} GB/s ({ref['layout']} product, "
-        f"[{', '.join(map(str, ref['shape']))}]).",
+        f"Machine: {res['machine']['processor']}, {res['machine']['backend']}. It reads "
+        f"{rates['read_step']['gb_s']:.1f} GB/s from a buffer of the MHA step's size "
+        f"({rates['read_step']['bytes'] / 1e6:.1f} MB) and {rates['read_big']['gb_s']:.1f} GB/s from one "
+        f"of {rates['read_big']['bytes'] / 2**20:.0f} MiB (a jitted sum); matmul "
+        f"{rates['matmul']['gflop_s']:.1f} GFLOP/s ({'x'.join(map(str, rates['matmul']['shape']))}).",
+        "",
+        *summary(res),
     ]
     n = max(res["models"])
     for k, m in res["models"].items():
@@ -390,3 +236,55 @@ def report(res: dict[str, Any], top: int = 16) -> str:
             rows,
         )
     return "\n".join(lines)
+
+
+def summary(res: dict[str, Any]) -> list[str]:
+    """Each step beside its roofline: ms, the bytes and FLOPs it must read and do, GB/s and its
+    share of the machine's (a buffer of the MHA step's size), the attention over the cache alone,
+    the roofline (``decode_floor.roofline_s``) and the step over it; against MHA, the share of the
+    saving the roofline predicts, and the bytes alone predict, that the step realised."""
+    machine = res["rates"]["read_step"]["gb_s"]
+    n = max(res["models"])
+    rows = [summary_row(k, m, res["models"][n]) for k, m in res["models"].items()]
+
+    def pct(x: float | None) -> str:
+        return "" if x is None else f"{x:.0%}"
+
+    columns = [
+        ("model", lambda r: f"{attention_name(r['k'], n)} (K = {r['k']})"),
+        ("ms / step", lambda r: f"{r['step_s'] * 1e3:.3f}"),
+        ("MB / step", lambda r: f"{r['bytes'] / 1e6:.1f}"),
+        ("MFLOP / step", lambda r: f"{r['flops'] / 1e6:.1f}"),
+        ("GB/s", lambda r: f"{r['gb_s']:.1f}"),
+        ("share of the machine's", lambda r: pct(r["gb_s"] / machine)),
+        ("attention: ms, GB/s, share", lambda r: f"{r['attention_s'] * 1e3:.3f}, {r['attention_gb_s']:.1f}, "
+         f"{pct(r['attention_gb_s'] / machine)}"),
+        ("roofline ms", lambda r: f"{r['roofline_s'] * 1e3:.3f}"),
+        ("step / roofline", lambda r: f"{r['step_s'] / r['roofline_s']:.2f}"),
+        ("realised: roofline", lambda r: pct(r["realised_roofline"])),
+        ("realised: bytes alone", lambda r: pct(r["realised_bytes"])),
+    ]  # fmt: skip
+    return md_table(columns, rows)
+
+
+def summary_row(k: int, m: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    """One model's :func:`summary` numbers; ``ref`` is MHA's profile."""
+    step, model = m["wall_step_s"], m["model"]
+    saving = ref["wall_step_s"] - step
+
+    def realised(predicted: float) -> float | None:
+        return saving / predicted if m is not ref and predicted > 0 else None
+
+    attention = attention_s(m["rows"])
+    return {
+        "k": k,
+        "step_s": step,
+        "bytes": model["bytes"],
+        "flops": model["flops"],
+        "gb_s": model["bytes"] / step / 1e9,
+        "attention_s": attention,
+        "attention_gb_s": model["cache_bytes"] / attention / 1e9 if attention else float("nan"),
+        "roofline_s": model["roofline_s"],
+        "realised_roofline": realised(ref["model"]["roofline_s"] - model["roofline_s"]),
+        "realised_bytes": realised(ref["wall_step_s"] * (1 - model["bytes"] / ref["model"]["bytes"])),
+    }

@@ -6,7 +6,11 @@ on this machine, from the bytes and FLOPs counted on the model's parameters and 
   ``time`` stage's bytes model) = the decoder-side weights a step reads (:func:`step_reads`) + the
   whole self-attention cache (all T allocated slots are read every step) + every layer's cross K/V;
 - prefill floor = (encoder + cross K/V projection) FLOPs / rate (:func:`prefill_flops`);
-- end-to-end floor = prefill floor + T x step floor.
+- end-to-end floor = prefill floor + T x step floor;
+- the step's roofline (:func:`step_ops`, :func:`roofline_s`): op by op, each weight product's and
+  each layer's attention over the cache's bytes at the bandwidth or its FLOPs at the matmul rate,
+  whichever takes longer, summed (at least the floor: an op bound by bytes cannot lend its
+  compute time to one bound by FLOPs).
 """
 
 from __future__ import annotations
@@ -101,3 +105,42 @@ def floor_row(
         "prefill_floor_s": prefill_floor,
         "e2e_floor_s": prefill_floor + new_tokens * step_floor,
     }
+
+
+def step_ops(
+    model: T5, config: ModelConfig, batch: int, lengths: tuple[int, int], cache_bytes: dict[str, int]
+) -> list[dict[str, Any]]:
+    """The ops of one decode step as the roofline counts them, ``{"op", "bytes", "flops"}`` each:
+    every decoder weight product and the output layer (bytes: the weight; FLOPs: 2 B x its
+    elements), the other weights a step reads (norms, position table, B embedding rows: bytes
+    only), and each layer's self- and cross-attention over the cache (bytes: that layer's K/V of
+    ``cache_bytes``; FLOPs: 4 B N H x the positions, scores and values; ``lengths``: the input and
+    output lengths, the cross and self positions)."""
+    B, N, H, L = batch, config.num_heads, config.head_dim, config.num_decoder_layers
+    ops, other = [], 0
+    for path, value in model_lib.flat_params(model).items():
+        size, nbytes = int(value.size), int(value.nbytes)
+        name = ".".join(map(str, path))
+        if path[0] == "shared":
+            if config.tie_word_embeddings:
+                ops.append({"op": name, "bytes": nbytes, "flops": 2 * B * size})
+            else:
+                other += B * nbytes // config.vocab_size
+        elif path[0] == "lm_head" or (path[0] == "decoder" and path[-1] in PROJECTIONS):
+            if not ("cross_attn" in path and path[-1] in ("key", "value")):
+                ops.append({"op": name, "bytes": nbytes, "flops": 2 * B * size})
+        elif path[0] == "decoder":
+            other += nbytes
+    ops.append({"op": "other weights (norms, position table, embedding rows)", "bytes": other, "flops": 0})
+    for kind, positions in (("cross", lengths[0]), ("self", lengths[1])):
+        flops = 4 * B * N * H * positions
+        ops += [
+            {"op": f"attention.{kind}.{i}", "bytes": cache_bytes[kind] // L, "flops": flops} for i in range(L)
+        ]
+    return ops
+
+
+def roofline_s(ops: list[dict[str, Any]], bandwidth_gb_s: float, gflop_s: float) -> float:
+    """The step's roofline: each op's bytes at ``bandwidth_gb_s`` or FLOPs at ``gflop_s``, the slower,
+    summed."""
+    return sum(max(op["bytes"] / (bandwidth_gb_s * 1e9), op["flops"] / (gflop_s * 1e9)) for op in ops)

@@ -11,7 +11,10 @@ Probes, measured in the run that uses them:
   best over the sizes tried (the FLOP side of ``bench decode``'s floor, the MFU denominator of
   ``bench train``);
 - :func:`measure_read_bandwidth`: ``[B, D] x [D, V]`` products, GB/s = matrix bytes / median time
-  (the byte side of the floor, and ``bench step``'s reference).
+  (the byte side of the floor);
+- :func:`read_rate`: a jitted sum over a buffer, GB/s = its bytes / median time: what this machine
+  streams from a buffer of a decode step's size and from one larger than the CPU caches
+  (``bench step``'s roofline and its "share of the machine's").
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 
 BIG_MATRIX = 16 * 2**20  # a bandwidth probe must not fit in the CPU caches (bytes)
 BIG_MATRIX_ACCELERATOR = 256 * 2**20  # nor in a GPU's L2 (60 MB on an H200) or a TPU's VMEM
+BEYOND_CACHES = 256 * 2**20  # a buffer several times any CPU's last-level cache (bytes)
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -137,6 +141,20 @@ def measure_read_bandwidth(
             del weight
     counted = [r for r in results if r["bytes"] >= big] or results
     return {"probes": results, "reference": max(counted, key=lambda r: r["gb_s"]), "big_bytes": big}
+
+
+def read_rate(nbytes: int, runs: int) -> dict[str, Any]:
+    """A jitted ``jnp.sum`` over a float32 buffer of ``nbytes``: ``{"bytes", "median_s", "gb_s"}``,
+    the rate XLA streams a buffer of that size (one held in the CPU caches reads faster than one
+    that is not)."""
+    x = jnp.ones((max(nbytes // 4, 1),), jnp.float32)
+    total = jax.jit(jnp.sum)
+    timing, _ = measure(lambda: total(x), runs)
+    return {
+        "bytes": int(x.nbytes),
+        "median_s": timing["median_s"],
+        "gb_s": x.nbytes / timing["median_s"] / 1e9,
+    }
 
 
 def matmul_rate(dtype: Any, sizes: Sequence[int], runs: int) -> dict[str, Any]:

@@ -243,6 +243,7 @@ class Prediction:
 
 # ----------------------------------------------------------------------------- the record
 _STEP_BYTES = _object({k: _number for k in ("self_cache", "cross_cache", "total")}, each=_number)
+_ROOFLINE = _object({k: _number for k in ("roofline_s", "read_gb_s", "matmul_gflop_s")}, each=_number)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -269,6 +270,9 @@ class TimingRecord:
     machine: Mapping[str, Any] = _field(_object())  # measurement.machine_info
     steps_times_s: tuple[float, ...] | None = _field(_numbers, optional=True)  # the step loop's repeats
     step_bytes: Mapping[str, int] | None = _field(_STEP_BYTES, optional=True)  # decode_floor.step_bytes
+    # a decoder step's roofline at the rates the machine read and multiplied at in the run
+    # (decode_floor.roofline_s), and those rates
+    step_roofline: Mapping[str, float] | None = _field(_ROOFLINE, optional=True)
     prediction: Prediction | None = _field(_nested(Prediction), optional=True)  # time --predict's
 
     @classmethod

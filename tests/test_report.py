@@ -37,6 +37,12 @@ def step_bytes(seconds: float) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------- fake runs
+def roofline(seconds: float) -> dict[str, float]:
+    """The step roofline of a fake time run of ``seconds`` per sample: half its step's measured
+    time (0.8 x seconds x 8 rows / 16 steps), at a machine that reads 1 GB/s."""
+    return {"roofline_s": seconds * STEPS / 4, "read_gb_s": 1.0, "matmul_gflop_s": 50.0}
+
+
 def write_run(root: Path, run: Run, value: float | None = None, status: str = "done") -> None:
     """ROOT/<name>/ as the runner and the stage leave it: run.json, and the stage's number file."""
     d = root / run.name
@@ -57,7 +63,7 @@ def write_run(root: Path, run: Run, value: float | None = None, status: str = "d
                   "batch_rule": "given", "input_len": 64, "output_len": 16, "preset": "tiny", "num_heads": 8,
                   "num_kv_heads": 1, "dtype": "float32", "weights": "random", "machine": MACHINE,
                   "steps_times_s": [value * 8 * STEPS * f for f in REPEATS],
-                  "step_bytes": step_bytes(value)}  # fmt: skip
+                  "step_bytes": step_bytes(value), "step_roofline": roofline(value)}  # fmt: skip
         (d / "timing.json").write_text(json.dumps(timing))
     elif run.stage in ("pretrain", "uptrain", "finetune"):
         lines = [{"step": 10, "train/loss": 9.0}, {"step": 10, "eval/loss": value + 1.0, "eval/seconds": 1.0},
@@ -76,12 +82,11 @@ def fake_root(root: Path, sweep: Sweep, values: dict[str, float], skip: set[str]
 
 def as_older_timings(root: Path) -> None:
     """Every timing.json under ``root`` as the time stage wrote it before it measured the decoder's
-    steps alone and the bytes model (no steps_times_s, no step_bytes)."""
+    steps alone, the bytes model and the roofline (no steps_times_s, step_bytes, step_roofline)."""
+    later = ("steps_times_s", "step_bytes", "step_roofline")
     for path in root.glob("*/timing.json"):
         timing = json.loads(path.read_text())
-        path.write_text(
-            json.dumps({k: v for k, v in timing.items() if k not in ("steps_times_s", "step_bytes")})
-        )
+        path.write_text(json.dumps({k: v for k, v in timing.items() if k not in later}))
 
 
 def evaluate_runs(model: str, scores: dict[str, list[float]], **tags) -> tuple[list[Run], dict[str, float]]:

@@ -60,6 +60,14 @@ def test_given_batch_writes_every_field_and_refuses_to_overwrite(tmp_path, capsy
     model = model_lib.build(preset("tiny", num_kv_heads=2, dtype="float32"), seed=0)
     weights = decode_floor.step_reads(model, model.config, 2)["weight_bytes"]
     assert read["weights"] == weights and read["total"] == weights + read["self_cache"] + read["cross_cache"]
+    roof = record["step_roofline"]  # the step's ops at the rates measured in the run
+    assert roof["read_gb_s"] > 0 and roof["matmul_gflop_s"] > 0
+    cache = {"self": read["self_cache"], "cross": read["cross_cache"]}
+    ops = decode_floor.step_ops(model, model.config, 2, (16, 8), cache)
+    assert roof["roofline_s"] == pytest.approx(
+        decode_floor.roofline_s(ops, roof["read_gb_s"], roof["matmul_gflop_s"])
+    )
+    assert roof["roofline_s"] >= read["total"] / (roof["read_gb_s"] * 1e9) * (1 - 1e-9)  # at least the bytes
     assert record["batch"] == 2 and record["batch_rule"] == td.RULE_GIVEN == "given"
     assert (record["input_len"], record["output_len"]) == (16, 8)
     assert (record["preset"], record["num_heads"], record["num_kv_heads"]) == ("tiny", 4, 2)

@@ -27,23 +27,29 @@ def repeats(*xs):
     return stat(dict(enumerate(xs)), len(xs))
 
 
-def timed(label, steps, whole, sample_bytes):
-    return time_model.Timed(label, repeats(*whole), repeats(*steps), time_model.Reads(1.0, sample_bytes, 0.9))
+def timed(label, steps, whole, sample_bytes, roofline=None):
+    reads = time_model.Reads(1.0, sample_bytes, 0.9, roofline, None if roofline is None else 10.0)
+    return time_model.Timed(label, repeats(*whole), repeats(*steps), reads)
 
 
 def test_the_ratios_to_mha_and_the_fraction_of_the_predicted_saving_realised():
-    mha = timed("MHA", (2.0, 2.0), (2.5, 2.5), 100.0)
-    mqa = timed("MQA", (1.5, 1.5), (2.0, 2.0), 20.0)  # bytes predict 0.2, the steps took 0.75 of MHA's
+    """Against MHA: the bytes model's and the roofline's ratios, the measured ones, and the share
+    of each predicted saving realised; the rate the steps read at beside the machine's."""
+    mha = timed("MHA", (2.0, 2.0), (2.5, 2.5), 100.0, roofline=1.0)
+    # bytes predict 0.2 and the roofline 0.5; the steps took 0.75 of MHA's
+    mqa = timed("MQA", (1.5, 1.5), (2.0, 2.0), 20.0, roofline=0.5)
     v = time_model.versus(mqa, mha)
-    assert (v.predicted, v.steps, v.whole) == pytest.approx((0.2, 0.75, 0.8))
+    assert (v.predicted, v.roofline, v.steps, v.whole) == pytest.approx((0.2, 0.5, 0.75, 0.8))
     assert v.realised == pytest.approx(0.25 / 0.8)  # a quarter saved of the 80% predicted
+    assert v.realised_roofline == pytest.approx(0.25 / 0.5)  # of the roofline's half
     assert time_model.versus(mha, mha).realised is None  # no saving predicted: no fraction
     row = time_model.row(mqa, mha)
-    assert row[2:] == ["0.0", "90%", "0.20", "0.75", "0.80", "31%"]
+    # 20 bytes per sample over 1.5 s per sample: 1.3e-8 GB/s, 0% of the machine's 10 GB/s
+    assert row[2:] == ["0.0", "90%", "0.0 (0%)", "0.20", "0.50", "0.75", "0.80", "31%", "50%"]
     older = time_model.Timed(
         "MQA", repeats(2.0), Stat(None, expected=1), time_model.Reads()
     )  # no steps, bytes
-    assert time_model.row(older, mha)[1:] == ["missing", "—", "—", "—", "—", "0.80", "—"]
+    assert time_model.row(older, mha)[1:] == ["missing", "—", "—", "—", "—", "—", "—", "0.80", "—", "—"]
 
 
 def test_the_gate_passes_when_the_predicted_differences_exceed_the_spread():
@@ -107,11 +113,11 @@ def test_the_report_shows_the_bytes_beside_every_time_cell(tmp_path):
     sweep, values = mini_sweep()
     md = report.write_report(sweep, fake_root(tmp_path, sweep, values))["report.md"].read_text()
     table = md.split("## Table 1")[1].split("Dev loss")[0]
-    # MQA 0.02 s per sample: a step reads 0.02 x 1e8 bytes; MHA 0.04 s: 4 MB; the steps 0.8 of each
-    assert (
-        "| MQA | 0.02 ± 0.000503, n=3 | 0.016 ± 0.000403, n=3 | 2.0 | 90% | 0.50 | 0.50 | 0.50 | 100% |"
-        in table
-    )
+    # MQA 0.02 s per sample: a step reads 0.02 x 1e8 bytes; MHA 0.04 s: 4 MB; the steps 0.8 of each;
+    # the steps read 2 MB x 16 steps / 8 rows in 0.016 s: 0.25 GB/s, a quarter of the machine's 1 GB/s;
+    # the roofline half the steps' time: its ratio to MHA's the same as the measured one
+    row = "| MQA | 0.02 ± 0.000503, n=3 | 0.016 ± 0.000403, n=3 | 2.0 | 90% | 0.2 (25%) | 0.50 | 0.50 |"
+    assert row + " 0.50 | 0.50 | 100% | 100% |" in table
     fig6 = md.split("## Fig. 6")[1].split("## ")[0]
     assert "| float, 8 (MHA) | 0.03 ± 0.000755, n=3 | 0.024 ± 0.000604, n=3 | 3.0 | 90% | 1.00 |" in fig6
     assert "| float, 1 | 0.0125 ± 0.000315, n=3 |" in fig6 and STEPS == 0.8
@@ -141,4 +147,4 @@ def test_older_timing_records_say_the_decoder_steps_and_the_bytes_are_missing(tm
     assert verdicts[TIME] == REPRODUCED and verdicts[TIME_STEPS] == MISSING  # judged ungated, never made up
     gates = md.split("| gate |")[1].split("\n\n")[0]
     assert f"{GATE_STEPS} | no bytes model in timing.json" in gates and f"{GATE_WHOLE} | no bytes" in gates
-    assert "| MQA | 0.02 ± 0.000503, n=3 | missing | — | — | — | — | 0.50 | — |" in md
+    assert "| MQA | 0.02 ± 0.000503, n=3 | missing | — | — | — | — | — | — | 0.50 | — | — |" in md

@@ -20,7 +20,9 @@ written to ``DIR/timing.json`` (``gqa_jax.timing.TimingRecord``) for the experim
   one as the difference of two medians).
 - The bytes model (``step_bytes``): what one decoder step of the batch must read, the weights and
   the whole cache at the batch and lengths (``tools.decode_floor.step_bytes``, the bytes side of
-  ``bench decode``'s floor; the cache by ``cache.expected_cache_bytes``), over all devices.
+  ``bench decode``'s floor; the cache by ``cache.expected_cache_bytes``), over all devices. The
+  step's roofline (``step_roofline``): each op's bytes or FLOPs at the rates this machine reads a
+  buffer of the step's size and multiplies, measured after the timing (one device's rates).
 - The batch: given, or ``auto`` = the largest that fits ``hbm_gib`` per device by the memory plan
   (``tools.plan``'s decode program, compiled ahead of time), at most 32 per device. With several
   devices the rows split over a ``data`` mesh axis of all of them (parameters replicated), so the
@@ -50,8 +52,8 @@ from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
 from gqa_jax.timing import TIMING_FILE, TimingRecord
 from gqa_jax.tools.bench_models import NEVER_EOS, random_ids
 from gqa_jax.tools.compiled_memory import GIB
-from gqa_jax.tools.decode_floor import step_bytes
-from gqa_jax.tools.measurement import machine_info, measure, to_json
+from gqa_jax.tools.decode_floor import roofline_s, step_bytes, step_ops
+from gqa_jax.tools.measurement import machine_info, matmul_rate, measure, probe_sizes, read_rate, to_json
 
 DTYPES = ("bfloat16", "float32")
 PER_DEVICE = 32  # the paper's cap: up to 32 samples per chip
@@ -221,6 +223,7 @@ def measure_t_infer(settings: TimeSettings, log: Callable[[str], None] = lambda 
     timing = time_greedy(graphdef, params, ids, s, mesh)
     prefill_timing = time_prefill(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
     steps_timing = time_steps(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
+    roofline = step_roofline(model, config, batch, (s.input_len, s.output_len), cache, s.dtype, log)
     record = TimingRecord(
         time_per_sample_s=timing["median_s"] / batch,
         times_s=tuple(timing["times_s"]),
@@ -240,10 +243,31 @@ def measure_t_infer(settings: TimeSettings, log: Callable[[str], None] = lambda 
         machine=machine_info(),
         steps_times_s=tuple(steps_timing["times_s"]),
         step_bytes=reads,
+        step_roofline=roofline,
     )
     write_record(record, out)
     log(f"compile + first call {timing['first_s']:.2f} s (compile ~{timing['compile_s']:.2f} s, excluded)")
     return record
+
+
+def step_roofline(
+    model: Any,
+    config: ModelConfig,
+    batch: int,
+    lengths: tuple[int, int],
+    cache: dict[str, int],
+    dtype: str,
+    log: Callable[[str], None],
+) -> dict[str, float]:
+    """A decoder step's roofline (``decode_floor.roofline_s``) at the rates this machine reads a
+    buffer of the step's bytes and multiplies a 2048^3 matmul, both measured now."""
+    log("measuring this machine's read and matmul rates for the step's roofline ...")
+    ops = step_ops(model, config, batch, lengths, cache)
+    read = read_rate(sum(op["bytes"] for op in ops), 10)["gb_s"]
+    matmul = matmul_rate(jnp.dtype(dtype), [probe_sizes(config.d_model, config.vocab_size)["n"]], 3)[
+        "gflop_s"
+    ]
+    return {"roofline_s": roofline_s(ops, read, matmul), "read_gb_s": read, "matmul_gflop_s": matmul}
 
 
 def _model(s: TimeSettings, log: Callable[[str], None]) -> tuple[ModelConfig, Any, str | None, str]:

@@ -79,6 +79,21 @@ class Record:
         return _finite(read["total"]) if read is not None else None
 
     @property
+    def roofline_sample(self) -> float | None:
+        """timing.json's step roofline over the decoder's steps, per sample: output_len steps of
+        ``roofline_s`` over the batch (None where it was not recorded)."""
+        roof = self.timing.step_roofline if self.timing is not None else None
+        if roof is None:
+            return None
+        return _finite(roof["roofline_s"] * self.timing.output_len / self.timing.batch)
+
+    @property
+    def read_gb_s(self) -> float | None:
+        """The machine's read rate for a buffer of the step's size, measured in the time run."""
+        roof = self.timing.step_roofline if self.timing is not None else None
+        return _finite(roof["read_gb_s"]) if roof is not None else None
+
+    @property
     def floor_times(self) -> tuple[float, ...]:
         """A predicted time's read-once floor (``TimingRecord.read_once_floor``), none when measured."""
         floor = _finite(self.timing.read_once_floor()) if self.timing is not None else None

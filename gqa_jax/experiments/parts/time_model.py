@@ -9,7 +9,11 @@ beside its reference (MHA):
   output_len steps of ``step_bytes`` over the batch, ``Record.sample_bytes``);
 - measured ratio = its time / the reference's, on the decoder steps alone and on the whole decode;
 - realised fraction = (1 - measured) / (1 - predicted) on the decoder steps: 1 when the time fell
-  as far as the bytes, 0 when it did not fall at all (none where the bytes predict no saving).
+  as far as the bytes, 0 when it did not fall at all (none where the bytes predict no saving);
+- beside it, the same against the step's roofline (timing.json's ``step_roofline``: each op's
+  bytes or FLOPs at the machine's measured rates, the slower, summed), which knows that a step
+  also computes; and the rate the decoder's steps read at, alone and as a share of what the
+  machine reads from a buffer of the step's size.
 
 The gate (:func:`gate`): a time claim "A < B < C" can be tested on a measure (the decoder steps or
 the whole decode) only when, for each adjacent pair, the difference the bytes model predicts
@@ -39,18 +43,24 @@ HEADER = [
     "decoder steps (s)",
     "a step reads (MB)",
     "cache's share",
+    "GB/s (share of the machine's)",
     "bytes model: ratio to {ref}",
+    "roofline: ratio to {ref}",
     "measured: steps / {ref}",
     "measured: whole / {ref}",
-    "realised (steps)",
+    "realised: bytes",
+    "realised: roofline",
 ]
 NOTE = (
     "The bytes model: a decoder step reads the weights it uses and the whole KV cache at the cell's batch "
     "and lengths (timing.json's step_bytes, the bytes of `bench decode`'s floor); with its time "
     "proportional to them, a model's decoder steps take its bytes / {ref}'s of {ref}'s time. Decoder "
     "steps: the step loop timed alone on a prefilled state (timing.json's steps_times_s), not the whole "
-    "time less the prefill's. Realised: (1 − measured) / (1 − predicted) on the decoder steps, the "
-    "fraction of the saving the bytes model predicts that the run shows."
+    "time less the prefill's. GB/s: the bytes the steps read over their time, and its share of the rate "
+    "this machine reads a buffer of a step's size (measured in the run). The roofline: each op of a step, "
+    "its bytes at that rate or its FLOPs at the measured matmul rate, the slower, summed. Realised: "
+    "(1 − measured) / (1 − predicted) on the decoder steps, the fraction of the saving the bytes model "
+    "(or the roofline) predicts that the run shows."
 )
 
 
@@ -61,6 +71,8 @@ class Reads:
     step: float | None = None  # bytes one decoder step reads at the cell's batch
     sample: float | None = None  # bytes the decoder's steps read per sample
     cache_share: float | None = None  # the cache's share of ``step``
+    roofline: float | None = None  # the decoder's steps' roofline per sample (seconds)
+    machine_gb_s: float | None = None  # the machine's read rate for a buffer of a step's size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +90,7 @@ def reads_of(
 ) -> dict[Any, Reads]:
     """Cells as ``records.gather`` makes them, each the means of its runs' bytes model."""
     names = {"step": "step_bytes", "sample": "sample_bytes", "cache_share": "cache_share"}
+    names |= {"roofline": "roofline_sample", "machine_gb_s": "read_gb_s"}
     fields = {f: gather(records, pick, key, attribute) for f, attribute in names.items()}
     return {k: Reads(**{f: cells[k].mean for f, cells in fields.items()}) for k in fields["step"]}
 
@@ -89,7 +102,7 @@ def mean_reads(cells: Sequence[Reads]) -> Reads:
         values = [getattr(c, field) for c in cells]
         return None if not values or None in values else statistics.fmean(values)
 
-    return Reads(mean("step"), mean("sample"), mean("cache_share"))
+    return Reads(*(mean(f.name) for f in dataclasses.fields(Reads)))
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -103,12 +116,20 @@ class Versus:
     predicted: float | None
     steps: float | None
     whole: float | None
+    roofline: float | None = None  # the roofline's ratio
+
+    def _realised(self, predicted: float | None) -> float | None:
+        if predicted is None or self.steps is None or predicted >= 1:
+            return None
+        return (1 - self.steps) / (1 - predicted)
 
     @property
     def realised(self) -> float | None:
-        if self.predicted is None or self.steps is None or self.predicted >= 1:
-            return None
-        return (1 - self.steps) / (1 - self.predicted)
+        return self._realised(self.predicted)
+
+    @property
+    def realised_roofline(self) -> float | None:
+        return self._realised(self.roofline)
 
 
 def versus(cell: Timed, ref: Timed) -> Versus:
@@ -116,7 +137,15 @@ def versus(cell: Timed, ref: Timed) -> Versus:
         _ratio(cell.reads.sample, ref.reads.sample),
         _ratio(cell.steps.mean, ref.steps.mean),
         _ratio(cell.whole.mean, ref.whole.mean),
+        _ratio(cell.reads.roofline, ref.reads.roofline),
     )
+
+
+def achieved_gb_s(cell: Timed) -> float | None:
+    """The rate the cell's decoder steps read at: the bytes model's bytes per sample over the
+    measured steps time per sample."""
+    steps = cell.steps.mean
+    return None if cell.reads.sample is None or not steps else cell.reads.sample / steps / 1e9
 
 
 def _num(x: float | None, text: str = "{:.2f}") -> str:
@@ -126,16 +155,20 @@ def _num(x: float | None, text: str = "{:.2f}") -> str:
 def row(cell: Timed, ref: Timed | None) -> list[str]:
     """A table row (after its label) in :data:`HEADER`'s order."""
     v = versus(cell, ref) if ref is not None else Versus(None, None, None)
-    reads = cell.reads
+    reads, gb_s = cell.reads, achieved_gb_s(cell)
+    share = None if gb_s is None or not reads.machine_gb_s else gb_s / reads.machine_gb_s
     return [
         md.fmt(cell.whole, "time"),
         md.fmt(cell.steps, "time"),
         _num(None if reads.step is None else reads.step / 1e6, "{:.1f}"),
         _num(reads.cache_share, "{:.0%}"),
+        _num(gb_s, "{:.1f}") + ("" if share is None else f" ({share:.0%})"),
         _num(v.predicted),
+        _num(v.roofline),
         _num(v.steps),
         _num(v.whole),
         _num(v.realised, "{:.0%}"),
+        _num(v.realised_roofline, "{:.0%}"),
     ]
 
 

@@ -94,7 +94,7 @@ def _section_b(res: dict[str, Any]) -> list[str]:
             ("tokens/s", lambda k: f"{b[k]['tokens_per_s']:.1f}"),
             ("time per sample (ms)", lambda k: _ms(b[k]["time_per_sample_s"])),
             ("TTFT (ms)", lambda k: _ms(b[k]["ttft_s"])),
-            ("TPOT (ms)", lambda k: _ms(b[k]["tpot_s"])),
+            ("TPOT: mean step (ms)", lambda k: _ms(b[k]["tpot_s"])),
             ("step p50 (ms)", lambda k: _ms(b[k]["stepped"]["step_p50_s"])),
             ("step p95 (ms)", lambda k: _ms(b[k]["stepped"]["step_p95_s"])),
             ("compile (s)", lambda k: f"{b[k]['fused']['compile_s']:.1f}"),
@@ -106,10 +106,11 @@ def _section_b(res: dict[str, Any]) -> list[str]:
         *table,
         "",
         "tokens/s and time per sample (end-to-end time / batch) come from the fused loop (`greedy_decode`: "
-        "encoder + `lax.while_loop` in one jitted call). TTFT (prefill + first step) and step p50 / p95 "
-        "(the other steps, one by one) come from the stepped loop (jitted `prefill`, then jitted "
-        f"`decode_step` called from Python). TPOT = (fused time - TTFT) / {max(st['new_tokens'] - 1, 1)}. "
-        "Compile = the fused loop's first call minus its median.",
+        "encoder + `lax.while_loop` in one jitted call). TTFT (prefill + first step), TPOT (the mean of the "
+        f"other {max(st['new_tokens'] - 1, 1)} steps) and step p50 / p95 come from the stepped loop "
+        "(`decoding.start`, then `decoding.step` called from Python, one step per call, on the weights "
+        "`decoding.step_weights` laid out once for the steps, as the fused loop lays them out once per "
+        "decode). Compile = the fused loop's first call minus its median.",
     ]
 
 

@@ -13,6 +13,7 @@ are not tests), and docs/results/testing.md has what each saved:
 
 import os
 import shutil
+import sys
 import tempfile
 
 import numpy as np
@@ -26,6 +27,7 @@ CORPUS_WORDS = (
 
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+COSTS_ENV = "GQA_JAX_TEST_COSTS"  # a folder: what each test's time pays for (tests/suite_costs/)
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
@@ -33,6 +35,8 @@ def pytest_configure(config):
     # In the controller (or a run without xdist), before any worker starts or jax compiles:
     # the workers and their subprocesses inherit the environment. Flags and a cache the user set
     # are kept.
+    if costs := _costs():  # this process's subprocesses are its test's (tests/suite_costs/)
+        os.environ[costs.WORKER_ENV] = str(os.getpid())
     if hasattr(config, "workerinput"):
         return
     flags = os.environ.get("XLA_FLAGS", "")
@@ -120,3 +124,21 @@ def pytest_collection_modifyitems(items):
     rest = [it for it in items if place(it) is None]
     half = max(len(items) // 2 - len(heads[0]), 0)
     items[:] = heads[0] + rest[:half] + heads[1] + rest[half:]
+
+
+def _costs():
+    """tests/suite_costs/sitecustomize.py when this run measures what its time pays for."""
+    module = sys.modules.get("sitecustomize")
+    return module if os.environ.get(COSTS_ENV) and hasattr(module, "flush") else None
+
+
+def pytest_collection_finish(session):
+    if costs := _costs():
+        costs.flush("(collection)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    yield
+    if costs := _costs():
+        costs.flush(item.nodeid)

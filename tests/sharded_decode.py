@@ -32,11 +32,15 @@ def main(cases):
     ids = np.random.default_rng(2).integers(2, 64, (8, 12))
     ids[3, 5:] = 0  # rows of different lengths
     ids[6, 2:] = 0
+    references = {}  # K -> (config, model, one device's tokens per cache dtype): each mesh compares to it
     for mesh_text, k in cases:
-        cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k, vocab_size=64)
-        with jax.default_device(jax.devices()[0]):
-            model = T5(cfg, rngs=nnx.Rngs(0))
-            one = {d: decoding.greedy_decode(model, ids, 10, cache_dtype=d) for d in (None, "int8")}
+        if k not in references:
+            cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k, vocab_size=64)
+            with jax.default_device(jax.devices()[0]):
+                model = T5(cfg, rngs=nnx.Rngs(0))
+                one = {d: decoding.greedy_decode(model, ids, 10, cache_dtype=d) for d in (None, "int8")}
+            references[k] = cfg, model, one
+        cfg, model, one = references[k]
         mesh = sharding.make_mesh(mesh_text)
         split = nnx.split(model)
         row = {"mesh": mesh_text, "k": k}

@@ -70,7 +70,9 @@ def load_across_processes(out_dir: Path) -> None:
 def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
     assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
     for mesh_text, k in cases:
-        cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
+        cfg = preset(
+            "tiny", num_heads=8, head_dim=4, num_kv_heads=k, num_encoder_layers=1, num_decoder_layers=1
+        )
         opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
         mesh = sharding.make_mesh(mesh_text)
         state, shardings, graphdef, _ = training.create_state(cfg, opt, mesh, seed=0)

@@ -35,7 +35,15 @@ def main(cases):
     references = {}  # K -> (config, model, one device's tokens per cache dtype): each mesh compares to it
     for mesh_text, k in cases:
         if k not in references:
-            cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k, vocab_size=64)
+            cfg = preset(
+                "tiny",
+                num_heads=8,
+                head_dim=4,
+                num_kv_heads=k,
+                vocab_size=64,
+                num_encoder_layers=1,
+                num_decoder_layers=1,
+            )
             with jax.default_device(jax.devices()[0]):
                 model = T5(cfg, rngs=nnx.Rngs(0))
                 one = {d: decoding.greedy_decode(model, ids, 10, cache_dtype=d) for d in (None, "int8")}

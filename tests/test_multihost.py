@@ -35,7 +35,7 @@ def _free_port() -> int:
 
 
 def reference(k: int) -> dict:
-    cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
+    cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k, num_encoder_layers=1, num_decoder_layers=1)
     opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
     model = T5(cfg, rngs=nnx.Rngs(0))
     graphdef, _ = training.split_model(model)

@@ -1,6 +1,6 @@
-"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (by tests/test_sharding.py): for
-each K and mesh, greedy decoding with the float and the int8 cache on the decode layout against
-one device; prints one JSON line per case (MESH:K)."""
+"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/eight_devices.py runs it
+for test_sharding.py): for each K and mesh, greedy decoding with the float and the int8 cache on
+the decode layout against one device; prints one JSON line per case (MESH:K)."""
 
 import json
 import sys

@@ -1,6 +1,7 @@
-"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (by tests/test_sharding.py):
-for each (mesh, K): sharded init, a train step, greedy decoding and beam search vs one device;
-prints one JSON line per case. Cases are MESH:K, or MESH:K:nobeam to skip beam search."""
+"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/eight_devices.py runs it
+for test_sharding.py): for each (mesh, K): sharded init, a train step, greedy decoding and beam
+search vs one device; prints one JSON line per case. Cases are MESH:K, or MESH:K:nobeam to skip
+beam search."""
 
 import json
 import sys

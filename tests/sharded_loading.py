@@ -1,7 +1,7 @@
-"""Run with 8 simulated CPU devices (by tests/test_checkpoints_sharded.py): every checkpoint
-format loaded with ``mesh=2x4`` against its one-device load, one JSON line per (format, K); with
-``--train VOCAB``, uptraining and fine-tuning from a T5X checkpoint on 2x4 against one device,
-one JSON line per recipe."""
+"""Run with 8 simulated CPU devices (tests/eight_devices.py runs it for
+test_checkpoints_sharded.py): every checkpoint format loaded with ``mesh=2x4`` against its
+one-device load, one JSON line per (format, K); with ``--train VOCAB``, uptraining and
+fine-tuning from a T5X checkpoint on 2x4 against one device, one JSON line per recipe."""
 
 import json
 import sys

@@ -11,12 +11,18 @@ are not tests), and docs/results/testing.md has what each saved:
 - one JAX persistent compilation cache: many tests compile the same programs, in other processes.
 """
 
+import fcntl
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+import xla_env
 
 CORPUS_WORDS = (
     "the quick brown fox jumps over lazy dog summarize translate question context answer def return "
@@ -26,6 +32,7 @@ CORPUS_WORDS = (
 
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+COSTS_ENV = "GQA_JAX_TEST_COSTS"  # a folder: what each test's time pays for (tests/suite_costs/)
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
@@ -33,6 +40,8 @@ def pytest_configure(config):
     # In the controller (or a run without xdist), before any worker starts or jax compiles:
     # the workers and their subprocesses inherit the environment. Flags and a cache the user set
     # are kept.
+    if costs := _costs():  # this process's subprocesses are its test's (tests/suite_costs/)
+        os.environ[costs.WORKER_ENV] = str(os.getpid())
     if hasattr(config, "workerinput"):
         return
     flags = os.environ.get("XLA_FLAGS", "")
@@ -87,23 +96,65 @@ def suite_subset(tmp_path_factory):
     return data, env
 
 
+def once_per_run(tmp_path_factory, name, make):
+    """``make()``'s JSON-able result, made by one process of this test run (the first xdist worker
+    to ask; the other waits for it and reads it) and kept in the run's base temporary directory."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / f"{name}.json"
+        if not done.exists():
+            done.write_text(json.dumps(make()))
+        return json.loads(done.read_text())
+
+
+@pytest.fixture(scope="session")
+def eight_devices(tmp_path_factory, small_vocab):
+    """``part -> rows``: what tests/eight_devices.py printed for that part (every check that needs 8
+    simulated devices, in one process, once per test run); a part that raised fails the test that
+    reads it, with its traceback."""
+    here = Path(__file__).resolve().parent
+
+    def run():
+        out = tmp_path_factory.mktemp("eight_devices")
+        proc = subprocess.run(
+            [sys.executable, str(here / "eight_devices.py"), str(out), str(small_vocab.path)],
+            env=xla_env.cpu_devices(8), capture_output=True, text=True, timeout=900, cwd=here.parent,
+        )  # fmt: skip
+        return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-3000:]}
+
+    result = once_per_run(tmp_path_factory, "eight_devices", run)
+    assert result["returncode"] == 0, result["stderr"]
+    rows = [json.loads(line) for line in result["stdout"].splitlines() if line.startswith("{")]
+
+    def read(part):
+        if errors := [r["error"] for r in rows if r["part"] == part and "error" in r]:
+            pytest.fail(f"tests/eight_devices.py, part {part}:\n{errors[0]}")
+        return [{k: v for k, v in r.items() if k != "part"} for r in rows if r["part"] == part]
+
+    return read
+
+
 # The few tests that start other processes or whole training runs take a minute or more each,
 # and each worker starts with some of them, so the suite does not end on one long tail. The
 # README's command uses "--dist worksteal": worker 0 gets the first half of this order, worker 1
-# the second, and an idle worker takes half of the other's queue. Worker 0 starts with the main
-# job's test (its demo runs two runs at a time) and then, one after the other, the tests that
-# start two or more JAX processes: side by side they oversubscribe the 2 cores (measured: the
-# two-process resume took 118 s beside the demo, 74 s beside one-process tests). Worker 1 starts
-# with the heavy one-process groups. (xdist's default "load" scheduling gave worker 0 every slow
-# test in its first chunk: worker 1 sat idle for the last 4 minutes.)
+# the second, and an idle worker takes half of the other's queue (from its end). Worker 0 starts
+# with the main job's test (its demo runs two runs at a time) and then, one after the other, the
+# tests that start two or more JAX processes: side by side they oversubscribe the 2 cores
+# (measured: the two-process resume took 118 s beside the demo, 74 s beside one-process tests).
+# Worker 1 starts with the tests of the ``eight_devices`` fixture (all on one worker: its process
+# runs once there) and the heavy one-process groups. (xdist's default "load" scheduling gave
+# worker 0 every slow test in its first chunk: worker 1 sat idle for the last 4 minutes.)
+EIGHT_DEVICES = (
+    "test_sharding.py::test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh",
+    "test_sharding.py::test_every_k_decodes_on_the_decode_layout_as_on_one_device",
+    "test_checkpoints_sharded.py",
+)
 FIRST = (
-    (
-        "test_mini.py",
-        "test_resume.py",
-        "test_sharding.py::test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh",
-        "test_multihost.py",
-    ),
-    ("test_runner.py", "test_training.py", "test_checkpoints_sharded.py", "test_plan.py"),
+    ("test_mini.py", "test_resume.py", "test_multihost.py"),
+    (*EIGHT_DEVICES, "test_runner.py", "test_training.py", "test_plan.py"),
 )
 
 
@@ -120,3 +171,21 @@ def pytest_collection_modifyitems(items):
     rest = [it for it in items if place(it) is None]
     half = max(len(items) // 2 - len(heads[0]), 0)
     items[:] = heads[0] + rest[:half] + heads[1] + rest[half:]
+
+
+def _costs():
+    """tests/suite_costs/sitecustomize.py when this run measures what its time pays for."""
+    module = sys.modules.get("sitecustomize")
+    return module if os.environ.get(COSTS_ENV) and hasattr(module, "flush") else None
+
+
+def pytest_collection_finish(session):
+    if costs := _costs():
+        costs.flush("(collection)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    yield
+    if costs := _costs():
+        costs.flush(item.nodeid)

@@ -2,15 +2,20 @@
 
 Environment: GQA_JAX_COORDINATOR / GQA_JAX_NUM_PROCESSES / GQA_JAX_PROCESS_ID and
 XLA_FLAGS=--xla_force_host_platform_device_count=4 (4 CPU devices per process, 8 in all).
-Usage: multihost_worker.py OUT_DIR MESH:K [MESH:K ...]
+Usage: multihost_worker.py OUT_DIR MESH:K [MESH:K ...] [-- TRAIN ARGUMENTS]
 
 Per case: sharded init, one train step on a global batch fed half by each process (or whole by
 both when the data axis does not span the processes), greedy decoding, and an orbax checkpoint
 of the updated state written by both processes and restored into the same shardings.
 Process 0 writes the results to OUT_DIR/<mesh>_<k>.npz. Then a T5X checkpoint written by process 0
 is loaded by both onto a 1x8 mesh, each reading only its devices' blocks (OUT_DIR/t5x_load.npz).
+With TRAIN ARGUMENTS (``python -m gqa_jax train ...``'s, ``--config.checkpoint_every=2``), the
+``train`` command runs in both processes, then checkpoint 4 is set aside and it runs again, resuming
+from step 2 (``train_twice``).
 """
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -24,6 +29,7 @@ import orbax.checkpoint as ocp  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from t5x_files import t5x_from_ours, write_legacy  # noqa: E402
 
+from gqa_jax import __main__ as cli  # noqa: E402
 from gqa_jax import checkpoints, decoding, sharding, training  # noqa: E402
 from gqa_jax import model as model_lib  # noqa: E402
 from gqa_jax.checkpoints import layout  # noqa: E402
@@ -64,7 +70,9 @@ def load_across_processes(out_dir: Path) -> None:
 def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
     assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
     for mesh_text, k in cases:
-        cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
+        cfg = preset(
+            "tiny", num_heads=8, head_dim=4, num_kv_heads=k, num_encoder_layers=1, num_decoder_layers=1
+        )
         opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
         mesh = sharding.make_mesh(mesh_text)
         state, shardings, graphdef, _ = training.create_state(cfg, opt, mesh, seed=0)
@@ -121,6 +129,32 @@ def main(out_dir: Path, cases: list[tuple[str, int]]) -> None:
         print(f"process {jax.process_index()}: {mesh_text} K={k} loss {loss:.6f}", flush=True)
 
 
+def train_twice(out_dir: Path, argv: list[str]) -> None:
+    """``train`` in both processes; process 0 keeps what the first run logged and wrote
+    (OUT_DIR/first) and sets checkpoint 4 aside (OUT_DIR/step4); then the same command again, without
+    its final evaluation (a restart may change eval_every), resumes from checkpoint 2. A line
+    ``=== restart`` on stderr separates the two runs' output."""
+    workdir = Path(argv[argv.index("--workdir") + 1])
+    assert cli.main(argv) == 0
+    multihost_utils.sync_global_devices("first train run done")
+    if jax.process_index() == 0:
+        first = out_dir / "first"
+        first.mkdir()
+        shutil.copy(workdir / "metrics.jsonl", first / "metrics.jsonl")
+        exported = {"model_config": (workdir / "model" / "config.json").is_file(),
+                    "summary": (workdir / "summary.json").is_file()}  # fmt: skip
+        (first / "exported.json").write_text(json.dumps(exported))
+        (workdir / "checkpoints" / "4").rename(out_dir / "step4")
+    multihost_utils.sync_global_devices("checkpoint 4 set aside")
+    print("=== restart", file=sys.stderr, flush=True)
+    assert cli.main([a if a != "--config.eval_every=0" else "--config.eval_every=-1" for a in argv]) == 0
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), [(m, int(k)) for m, k in (c.split(":") for c in sys.argv[2:])])
-    load_across_processes(Path(sys.argv[1]))
+    args, train_args = sys.argv[1:], []
+    if "--" in args:
+        args, train_args = args[: args.index("--")], args[args.index("--") + 1 :]
+    main(Path(args[0]), [(m, int(k)) for m, k in (c.split(":") for c in args[1:])])
+    load_across_processes(Path(args[0]))
+    if train_args:
+        train_twice(Path(args[0]), train_args)

@@ -1,6 +1,6 @@
-"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (by tests/test_sharding.py): for
-each K and mesh, greedy decoding with the float and the int8 cache on the decode layout against
-one device; prints one JSON line per case (MESH:K)."""
+"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/eight_devices.py runs it
+for test_sharding.py): for each K and mesh, greedy decoding with the float and the int8 cache on
+the decode layout against one device; prints one JSON line per case (MESH:K)."""
 
 import json
 import sys
@@ -32,11 +32,23 @@ def main(cases):
     ids = np.random.default_rng(2).integers(2, 64, (8, 12))
     ids[3, 5:] = 0  # rows of different lengths
     ids[6, 2:] = 0
+    references = {}  # K -> (config, model, one device's tokens per cache dtype): each mesh compares to it
     for mesh_text, k in cases:
-        cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k, vocab_size=64)
-        with jax.default_device(jax.devices()[0]):
-            model = T5(cfg, rngs=nnx.Rngs(0))
-            one = {d: decoding.greedy_decode(model, ids, 10, cache_dtype=d) for d in (None, "int8")}
+        if k not in references:
+            cfg = preset(
+                "tiny",
+                num_heads=8,
+                head_dim=4,
+                num_kv_heads=k,
+                vocab_size=64,
+                num_encoder_layers=1,
+                num_decoder_layers=1,
+            )
+            with jax.default_device(jax.devices()[0]):
+                model = T5(cfg, rngs=nnx.Rngs(0))
+                one = {d: decoding.greedy_decode(model, ids, 10, cache_dtype=d) for d in (None, "int8")}
+            references[k] = cfg, model, one
+        cfg, model, one = references[k]
         mesh = sharding.make_mesh(mesh_text)
         split = nnx.split(model)
         row = {"mesh": mesh_text, "k": k}

@@ -1,6 +1,7 @@
-"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (by tests/test_sharding.py):
-for each (mesh, K): sharded init, a train step, greedy decoding and beam search vs one device;
-prints one JSON line per case. Cases are MESH:K, or MESH:K:nobeam to skip beam search."""
+"""Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/eight_devices.py runs it
+for test_sharding.py): for each (mesh, K): sharded init, a train step, greedy decoding and beam
+search vs one device; prints one JSON line per case. Cases are MESH:K, or MESH:K:nobeam to skip
+beam search."""
 
 import json
 import sys
@@ -28,7 +29,9 @@ def main(cases):
     assert jax.device_count() == 8, jax.devices()
     one_device = jax.devices()[:1]
     for mesh_text, k, beam in cases:
-        cfg = preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k)
+        cfg = preset(
+            "tiny", num_heads=8, head_dim=4, num_kv_heads=k, num_encoder_layers=1, num_decoder_layers=1
+        )
         opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
         batch = synthetic_batch(cfg, 8, 8, 4, seed=1)
         ids = np.random.default_rng(2).integers(2, cfg.vocab_size, (8, 12))

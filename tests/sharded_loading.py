@@ -1,7 +1,7 @@
-"""Run with 8 simulated CPU devices (by tests/test_checkpoints_sharded.py): every checkpoint
-format loaded with ``mesh=2x4`` against its one-device load, one JSON line per (format, K); with
-``--train VOCAB``, uptraining and fine-tuning from a T5X checkpoint on 2x4 against one device,
-one JSON line per recipe."""
+"""Run with 8 simulated CPU devices (tests/eight_devices.py runs it for
+test_checkpoints_sharded.py): every checkpoint format loaded with ``mesh=2x4`` against its
+one-device load, one JSON line per (format, K); with ``--train VOCAB``, uptraining and
+fine-tuning from a T5X checkpoint on 2x4 against one device, one JSON line per recipe."""
 
 import json
 import sys
@@ -104,7 +104,14 @@ def train_from_a_checkpoint(root: Path, vocab: str) -> None:
     """Two steps of uptraining (MHA -> GQA-2 by mean) and of fine-tuning, each started from the
     same T5X checkpoint on one device and on a 2x4 mesh (fine-tuning with FSDP); the final
     parameters must agree."""
-    config = preset("tiny", num_heads=8, head_dim=4, relative_attention_max_distance=128)
+    config = preset(
+        "tiny",
+        num_heads=8,
+        head_dim=4,
+        relative_attention_max_distance=128,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     source = write_legacy(root / "t5x", t5x_from_ours(build(config.replace(vocab_size=512), seed=1)))
     common = [f"--config.vocab={vocab}", f"--config.data_dir={root / 'data'}", "--config.batch_size=8",
               "--config.input_length=32", "--config.target_length=8", "--config.log_every=1",

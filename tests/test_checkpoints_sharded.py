@@ -3,23 +3,9 @@ equals its one-device load, with each parameter in its rule-table sharding, and 
 device) ever holding more of a sharded parameter than one device's block; uptraining and
 fine-tuning (with FSDP) from a checkpoint on 2x4 end where one device's runs end."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 
-import xla_env
-
-HERE = Path(__file__).parent
-
-
-def test_every_format_loads_straight_into_its_shardings(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(HERE / "sharded_loading.py"), str(tmp_path)],
-        env=xla_env.cpu_devices(8), capture_output=True, text=True, timeout=600, cwd=HERE,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+def test_every_format_loads_straight_into_its_shardings(eight_devices):
+    rows = eight_devices("loading")  # tests/sharded_loading.py
     kinds = {(r["kind"], r["k"]) for r in rows}
     assert kinds == {(kind, k) for kind in ("gqa_jax", "t5x", "t5x_orbax") for k in (8, 1)} | {
         ("huggingface", 8)
@@ -35,15 +21,8 @@ def test_every_format_loads_straight_into_its_shardings(tmp_path):
             assert r["opt_wrong"] == 0 and r["opt_sharded"] > 0, r
 
 
-def test_uptraining_and_fine_tuning_from_a_checkpoint_on_a_mesh_equal_one_device(small_vocab):
-    out = subprocess.run(
-        [sys.executable, str(HERE / "sharded_loading.py"), "--train", str(small_vocab.path)],
-        env=xla_env.cpu_devices(8), capture_output=True, text=True, timeout=600, cwd=HERE,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = {
-        r["recipe"]: r for r in map(json.loads, filter(lambda s: s.startswith("{"), out.stdout.splitlines()))
-    }
+def test_uptraining_and_fine_tuning_from_a_checkpoint_on_a_mesh_equal_one_device(eight_devices):
+    rows = {r["recipe"]: r for r in eight_devices("train")}  # tests/sharded_loading.py --train
     assert set(rows) == {"uptrain", "finetune"}
     for r in rows.values():
         assert r["steps"] == 2 and r["kind"] == "t5x", r

@@ -11,35 +11,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-import xla_env
+from train_runs import COMPARED, N, command, restore_state
 
 from gqa_jax import metric_writers
 
 REPO = Path(__file__).resolve().parents[1]
-N = 2
-COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "learning_rate")
-
-
-def command(workdir, data, vocab, steps):
-    return [
-        sys.executable, "-m", "gqa_jax", "train", "--config", "configs/pretrain.py",
-        "--workdir", str(workdir),
-        f"--config.data_dir={data}", f"--config.vocab={vocab}", "--config.batch_size=4",
-        "--config.input_length=128", f"--config.num_train_steps={steps}", f"--config.checkpoint_every={N}",
-        "--config.log_every=1", "--config.eval_every=-1", "--config.progress=False",
-    ]  # fmt: skip
-
-
-def restore_state(path, item="state"):
-    """A checkpoint's TrainState (or a saved model's params) as numpy arrays (whatever devices or
-    mesh wrote it)."""
-    with ocp.PyTreeCheckpointer() as ckpt:
-        meta = ckpt.metadata(path / item)
-        tree = getattr(meta, "item_metadata", meta)
-        tree = getattr(tree, "tree", tree)
-        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-        return ckpt.restore(path / item, restore_args=args)
 
 
 def killed_at(point, step, workdir, data, vocab, steps, env):
@@ -104,65 +80,3 @@ def test_sigkill_anywhere_then_restart_continue_bitwise(suite_subset, small_voca
         assert tree_a == tree_b and len(leaves_a) > 10
         for x, y in zip(leaves_a, leaves_b, strict=True):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def two_processes(args, env, timeout=600):
-    """Run ``python -m gqa_jax ARGS`` as two processes x 4 CPU devices; returns their outputs."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for pid in range(2):
-        penv = dict(
-            xla_env.cpu_devices(4, env), GQA_JAX_COORDINATOR=f"127.0.0.1:{port}", GQA_JAX_NUM_PROCESSES="2",
-            GQA_JAX_PROCESS_ID=str(pid),
-        )  # fmt: skip
-        procs.append(
-            subprocess.Popen(args, cwd=REPO, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0].decode())
-    finally:
-        for p in procs:
-            p.kill()
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-4000:]
-    return outs
-
-
-def test_two_process_train_on_a_2x4_mesh_resumes_exactly(suite_subset, small_vocab, tmp_path):
-    """`train` over two processes (each feeding its half of the rows, process 0 alone writing logs):
-    4 steps, then checkpoint 4 is set aside and a restart from 2 recomputes steps 3-4 identically."""
-    data, env = suite_subset
-    wd = tmp_path / "run"
-    args = command(wd, data, small_vocab.path, 4) + [
-        "--config.mesh=2x4", "--config.checkpoint_every=2", "--config.eval_every=0",
-        "--config.eval_examples=8", "--config.eval_batch_size=4", "--config.keep_checkpoints=5",
-    ]  # fmt: skip
-    outs = two_processes(args, env)
-    assert "mesh {'data': 2, 'model': 4} over 2 process(es)" in outs[0]
-    first = metric_writers.read_metrics(wd)
-    train_steps = [m["step"] for m in first if "train/loss" in m]
-    assert train_steps == [1, 2, 3, 4]  # logged once: only process 0 writes
-    assert [m["step"] for m in first if "eval/loss" in m] == [4]  # evaluated on the sharded params
-    assert (wd / "model" / "config.json").is_file() and (wd / "summary.json").is_file()
-    aside = tmp_path / "step4"
-    (wd / "checkpoints" / "4").rename(aside)
-
-    # the restart skips the final evaluation (eval_every may change on restart): the steps it
-    # recomputes are the point, and a second sharded decode compile costs a minute of CI
-    outs = two_processes([a if a != "--config.eval_every=0" else "--config.eval_every=-1" for a in args], env)
-    assert "from step 2" in outs[0]
-    again = {m["step"]: m for m in metric_writers.read_metrics(wd) if "train/loss" in m}
-    before = {m["step"]: m for m in first if "train/loss" in m}
-    assert sorted(again) == [1, 2, 3, 4]
-    for step in (3, 4):
-        for key in COMPARED:
-            assert again[step][f"train/{key}"] == before[step][f"train/{key}"], (step, key)
-    sa, sb = restore_state(aside), restore_state(wd / "checkpoints" / "4")
-    for x, y in zip(jax.tree.leaves(sa), jax.tree.leaves(sb), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

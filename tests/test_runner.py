@@ -1,17 +1,15 @@
-"""The sweep runner (subprocesses): a failed dependency stops only its branch, with one or two runs
-at a time. Every stage kind, SIGKILL and rerun: tests/test_mini.py (the mini sweep)."""
+"""The sweep runner (its runs in subprocesses): a failed dependency stops only its branch, with one
+or two runs at a time. Every stage kind, SIGKILL and rerun: tests/test_mini.py (the mini sweep)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from runner_fakes import mark_done, popen_leaving_outputs
 
+from gqa_jax import __main__ as cli
 from gqa_jax.experiments import runner, scheduler
 from gqa_jax.experiments import runs as R
 from gqa_jax.experiments.sweep import Sweep
@@ -41,24 +39,18 @@ def get_sweep(params):
 """
 
 
-def sweep_command(file: Path, root: Path, jobs: int = 1) -> list[str]:
-    return [sys.executable, "-m", "gqa_jax", "sweep", str(file), "--root", str(root), "--jobs", str(jobs)]
-
-
 def statuses(root: Path) -> dict[str, str]:
     return {p.parent.name: json.loads(p.read_text())["status"] for p in root.glob("*/run.json")}
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs):
+def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs, capsys):
     file = tmp_path / "failing.py"
     file.write_text(FAILING_SWEEP)
-    root, env = tmp_path / "root", {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    out = subprocess.run(
-        sweep_command(file, root, jobs), cwd=REPO, capture_output=True, text=True, timeout=600, env=env
-    )
-    assert out.returncode == 1
-    log = out.stderr
+    root = tmp_path / "root"
+    # `python -m gqa_jax sweep` in this process (its runs in their own, as ever)
+    assert cli.main(["sweep", str(file), "--root", str(root), "--jobs", str(jobs)]) == 1
+    log = capsys.readouterr().err
     failed = next(line for line in log.splitlines() if "bad (convert): FAILED (exit 2)" in line)
     assert failed.split(" s: ", 1)[1].startswith("python -m gqa_jax convert: error: ")  # the child's own line
     assert (

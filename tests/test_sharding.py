@@ -1,38 +1,22 @@
 """Sharding: the rule table, meshes, and a sharded train step equal to one device (8 simulated
-CPU devices, in a subprocess so this process keeps its single device)."""
+CPU devices, in the subprocess of the ``eight_devices`` fixture, so this process keeps its single
+device)."""
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-import xla_env
+from eight_devices import DECODE_CASES, EQUIVALENCE_CASES
 
 from gqa_jax import distributed, sharding
 
-HERE = Path(__file__).resolve().parent
 
-
-# Replicated (MQA on 8-way model) and sharded K/V heads with rows split too; the full matrix
-# (every mesh and K in {1, 2, 8}) takes ~10 minutes here, so it is a script:
-# XLA_FLAGS=--xla_force_host_platform_device_count=8 python
-# tests/sharded_equivalence.py 1x8:1 1x8:2 1x8:8 2x4:1 2x4:2 2x4:8 4x2:1 4x2:2 4x2:8 8x1:1 8x1:2 8x1:8
-CASES = ("1x8:1", "4x2:8:nobeam")
-
-
-def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
-    cases = list(CASES)
-    env = xla_env.cpu_devices(8)
-    out = subprocess.run(
-        [sys.executable, str(HERE / "sharded_equivalence.py"), *cases],
-        env=env, capture_output=True, text=True, timeout=900, cwd=HERE.parent,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh(eight_devices):
+    """tests/sharded_equivalence.py at eight_devices.EQUIVALENCE_CASES (8 simulated devices)."""
+    cases = list(EQUIVALENCE_CASES)
+    rows = eight_devices("equivalence")
     assert len(rows) == len(cases)
     for r in rows:
         model = int(r["mesh"].split("x")[1])
@@ -61,21 +45,14 @@ def test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh():
             assert r["replicated_kv"] == [] and r["report"].startswith("no replication"), r
 
 
-DECODE_CASES = [f"{mesh}:{k}" for mesh in ("1x8", "2x4") for k in (1, 2, 4, 8)]
-
-
-def test_every_k_decodes_on_the_decode_layout_as_on_one_device():
+def test_every_k_decodes_on_the_decode_layout_as_on_one_device(eight_devices):
     """On 8 simulated devices, meshes 1x8 and 2x4, K = 1, 2, 4, 8 (N = 8), the float and the int8
-    cache: the greedy tokens equal one device's, and no cache is replicated: every device holds a
-    distinct 1/8 of each cache array (heads over model as far as K allows, rows over the rest),
-    which ``cache.cache_layout`` states as the formula's total / 8."""
-    out = subprocess.run(
-        [sys.executable, str(HERE / "sharded_decode.py"), *DECODE_CASES],
-        env=xla_env.cpu_devices(8), capture_output=True, text=True, timeout=900, cwd=HERE.parent,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [f"{r['mesh']}:{r['k']}" for r in rows] == DECODE_CASES
+    cache (tests/sharded_decode.py at eight_devices.DECODE_CASES): the greedy tokens equal one
+    device's, and no cache is replicated: every device holds a distinct 1/8 of each cache array
+    (heads over model as far as K allows, rows over the rest), which ``cache.cache_layout`` states
+    as the formula's total / 8."""
+    rows = eight_devices("decode")
+    assert [f"{r['mesh']}:{r['k']}" for r in rows] == list(DECODE_CASES)
     for r in rows:
         data, model = map(int, r["mesh"].split("x"))
         heads = math.gcd(r["k"], model)  # the K/V heads' share of the model axis, the rows take the rest

@@ -23,7 +23,7 @@ from flax import nnx, struct
 from gqa_jax import cache as kvcache
 from gqa_jax import decode_inputs, decoding, kv_quant
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import DecodeConfig
+from gqa_jax.config import OUR_DECODE, DecodeConfig
 from gqa_jax.model import DECODER_START_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
@@ -59,8 +59,9 @@ def _beam_loop(
         # encode B rows once, then repeat the cache for W beams per row
         rows = decoding.prefill_chunk_rows(config, *encoder_input_ids.shape)
         cache = decoding.prefill(
-            model, encoder_input_ids, config.max_decode_len, cache_dtype=config.cache_dtype, rows=rows
-        )
+            model, encoder_input_ids, config.max_decode_len, cache_dtype=config.cache_dtype, rows=rows,
+            decode=config,
+        )  # fmt: skip
         weights = decoding.lay_out(graphdef, params, config)
         V = model.config.vocab_size
         return _beam_body(graphdef, weights, cache, V, config=config, beam_size=beam_size, alpha=alpha)
@@ -69,7 +70,7 @@ def _beam_loop(
 def _beam_body(graphdef, weights, cache: kvcache.KVCache, V: int, *, config: DecodeConfig, beam_size, alpha):
     max_decode_len, eos_id = config.max_decode_len, config.eos_id
     B, W, T_max = cache.cross_mask.shape[0], beam_size, max_decode_len
-    rows_of = ("self_k", "self_v", "cross_k", "cross_v", "cross_mask")  # the shared index stays
+    rows_of = ("self_k", "self_v", "cross_k", "cross_v", "cross_mask", "encoded")  # the shared index stays
     cache = cache.replace(
         **{f: jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), getattr(cache, f)) for f in rows_of}
     )
@@ -151,6 +152,7 @@ def beam_search(
     cache_dtype: str | None = None,
     mesh: Any = None,
     rules: Any = None,
+    decode: str = OUR_DECODE,
 ) -> decoding.DecodeResult:
     """Beam search; returns the ``beam_size`` best hypotheses per row, best first:
     tokens ``[B, W, T_max]``, lengths ``[B, W]`` and scores ``log p / ((5 + len) / 6) ** alpha``.
@@ -158,7 +160,8 @@ def beam_search(
     A hypothesis ends at EOS or at ``max_decode_len``, and only a candidate ranked among the
     step's top ``beam_size`` may end (as in HF). With ``alpha = 0`` one beam is exactly greedy
     decoding; with ``alpha > 0`` a single beam may legitimately prefer a longer hypothesis than
-    greedy's, because the penalty rewards length. ``cache_dtype`` as for ``greedy_decode``.
+    greedy's, because the penalty rewards length. ``cache_dtype`` and ``decode`` (the paper's
+    decode, an instrument for its timings) as for ``greedy_decode``.
     """
     graphdef, params = decode_inputs.as_split(model)
     config = decode_inputs.config_of(model)
@@ -181,6 +184,7 @@ def beam_search(
             eos_id=eos_id,
             cache_dtype=cache_dtype,
             prefill_rows=decode_inputs.prefill_rows(config, *ids.shape, mesh),
+            decode=decode,
         ),
         beam_size=int(beam_size),
         alpha=float(alpha),

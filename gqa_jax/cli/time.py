@@ -61,6 +61,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="parameters, activations and KV cache (default: %(default)s)",
     )
     options.add_cache_dtype(p)
+    options.add_decode(p)
     p.add_argument(
         "--runs",
         type=options.positive_int,
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir, preset=args.preset, num_kv_heads=args.num_kv_heads, model=args.model,
         input_len=args.input_len, output_len=args.output_len, batch=args.batch, hbm_gib=args.hbm_gib,
         dtype=args.dtype, cache_dtype=args.cache_dtype, runs=args.runs, seed=args.seed,
-        overwrite=args.overwrite, predict=args.predict, mesh=args.mesh,
+        overwrite=args.overwrite, predict=args.predict, mesh=args.mesh, decode=args.decode,
     )  # fmt: skip
     if args.predict is not None:
         from gqa_jax.tools import t_infer_predict

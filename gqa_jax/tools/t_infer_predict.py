@@ -56,7 +56,7 @@ from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import ModelConfig
 from gqa_jax.timing import TIMING_FILE, MeshRow, Prediction, Roofline, TimingRecord, per_sample_per_chip
-from gqa_jax.tools import plan, t_infer, tpu_topology
+from gqa_jax.tools import loop_hlo, plan, t_infer, tpu_topology
 from gqa_jax.tools.batch_search import search_batch
 from gqa_jax.tools.bench_models import NEVER_EOS
 from gqa_jax.tools.compiled_memory import (
@@ -91,7 +91,8 @@ class _Mesh:
     data: int
     graphdef: Any
     params: Any
-    compiled: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> programs
+    # (batch, hoisted) -> programs
+    compiled: dict[tuple[int, bool], dict[str, Any]] = dataclasses.field(default_factory=dict)
     loops: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> the loop's memory
 
 
@@ -112,22 +113,27 @@ def _compile(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
         return None, over
 
 
-def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str, Any]:
+def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings, hoisted: bool = False) -> dict[str, Any]:
     """Compile the prefill and one decode step at ``batch`` rows on ``m``: their memory and cost.
     A prefill the TPU encodes in row chunks (``decode_inputs.prefill_rows``: the compiler's limit on
     the encoder's logits; a loop's body is counted once by ``cost_analysis``) is compiled for one
     chunk and its cost scaled by the chunks (``rows``, ``chunks`` and ``scaled`` say so; its memory
     is the chunk's); the step is compiled at ``batch``, on the state the chunks fill. A program the
-    compiler refuses has ``refused`` (and the temporaries it named) and no cost."""
-    if batch in m.compiled:
-        return m.compiled[batch]
+    compiler refuses has ``refused`` (and the temporaries it named) and no cost. ``hoisted``: the
+    paper's decode, whose compiled loop moved the per-step cross K/V projection out of its body
+    (:func:`loop_memory`): the programs are those the loop runs, the projection in the prefill once and
+    its results carried as a cross cache; ``step_in_loop`` is the step as written, projecting them."""
+    if (batch, hoisted) in m.compiled:
+        return m.compiled[batch, hoisted]
     rows = decode_inputs.prefill_rows(m.config, batch, s.input_len, m.mesh) or batch
     replicated = NamedSharding(m.mesh, PartitionSpec())
     ids = jax.ShapeDtypeStruct((rows, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
-    temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
     # greedy, EOS never ends a row: every step costs the same (the decode loop's programs, its kernel)
-    config = decoding.decode_config(s.output_len, mesh=m.mesh, eos_id=NEVER_EOS, cache_dtype=s.cache_dtype)
+    asked = decoding.decode_config(
+        s.output_len, mesh=m.mesh, eos_id=NEVER_EOS, cache_dtype=s.cache_dtype, decode=s.decode
+    )
+    config = dataclasses.replace(asked, cross_recompute=False) if hoisted else asked
     out: dict[str, Any] = {"batch": batch}
     start = time.perf_counter()
     compiled, refused = _compile(
@@ -145,17 +151,32 @@ def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str,
     if compiled is None:
         out["step"] = {"refused": "not compiled: the prefill was refused", "total": out["prefill"]["total"]}
     else:
-        start = time.perf_counter()
         state = jax.tree.map(lambda a: _rows_of(a, rows, batch), compiled.out_info)
-        weights = decoding.step_weights(
-            m.graphdef, m.params, config
-        )  # as they are: a TPU's kernel is "einsum"
-        lowered = decoding.step.lower(m.graphdef, weights, state, temperature, config=config, mesh=m.mesh)
-        step_compiled, refused = _compile(lowered)
-        out["step"] = _program(step_compiled, refused, time.perf_counter() - start)
+        out["step"] = _compile_step(m, state, config)
+        if hoisted:
+            out["step_in_loop"] = _compile_step(m, _encoded_state(m, state, s), asked)
     out["total"] = max(out["prefill"]["total"], out["step"]["total"])
-    m.compiled[batch] = out
+    m.compiled[batch, hoisted] = out
     return out
+
+
+def _compile_step(m: _Mesh, state: Any, config: Any) -> dict[str, Any]:
+    """One decode step (``decoding.step``, the state donated) on the abstract ``state``: its program."""
+    start = time.perf_counter()
+    temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(m.mesh, PartitionSpec()))
+    weights = decoding.step_weights(m.graphdef, m.params, config)  # as they are: a TPU's kernel is "einsum"
+    lowered = decoding.step.lower(m.graphdef, weights, state, temperature, config=config, mesh=m.mesh)
+    compiled, refused = _compile(lowered)
+    return _program(compiled, refused, time.perf_counter() - start)
+
+
+def _encoded_state(m: _Mesh, state: Any, s: t_infer.TimeSettings) -> Any:
+    """A decode state with a cross cache as the paper's decode holds it instead: no cross K/V, the
+    encoder output ``[B, S, D]`` (rows over ``data``, as the encoder leaves it)."""
+    batch = state.tokens.shape[0]
+    rows = NamedSharding(m.mesh, PartitionSpec(sharding_lib.RULES["batch"], None, None))
+    encoded = jax.ShapeDtypeStruct((batch, s.input_len, m.config.d_model), m.config.dtype, sharding=rows)
+    return state.replace(cache=state.cache.replace(cross_k=(), cross_v=(), encoded=encoded))
 
 
 def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]:
@@ -165,12 +186,14 @@ def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]
         settings = plan.PlanSettings(
             preset=s.preset, num_kv_heads=m.config.num_kv_heads, mesh=m.name, batch=batch,
             input_len=s.input_len, output_len=s.output_len, dtype=s.dtype, cache_dtype=s.cache_dtype,
-            programs=("decode",), batch_search=(), topology=s.predict,
+            programs=("decode",), batch_search=(), topology=s.predict, decode=s.decode,
         )  # fmt: skip
         start = time.perf_counter()
         try:
             row = plan.plan(settings)["programs"]["decode"]
             m.loops[batch] = {"total": row["memory"]["total"], "compile_s": row["compile_s"]}
+            if "cross_kv_projection" in row:  # the paper's decode: where the loop has its projection
+                m.loops[batch]["cross_kv_projection"] = row["cross_kv_projection"]["placement"]
         except ValueError as err:  # the compiler refused the loop over the chip's HBM
             if (over := over_hbm(err)) is None:
                 raise
@@ -180,6 +203,7 @@ def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]
     return m.loops[batch]
 
 
+_PROGRAMS = ("prefill", "step", "step_in_loop")  # what compile_programs compiles
 _CHUNKED = ("memory", "rows", "chunks", "scaled")  # what the record keeps of a prefill beside its roofline
 
 
@@ -237,14 +261,15 @@ def predict_mesh(m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, 
     loop = loop_memory(m, s, batch)
     if "refused" in loop:
         return MeshRow(mesh=m.name, batch=batch, fits=False, why=loop["refused"])
-    programs = compile_programs(m, batch, s)
+    placement = loop.get("cross_kv_projection")  # the paper's decode: in its compiled loop, or hoisted
+    programs = compile_programs(m, batch, s, hoisted=placement == loop_hlo.HOISTED)
     layout, _ = kvcache.cache_layout(
         m.config, m.mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
     )
     row = MeshRow(
         mesh=m.name, batch=batch, how=how, loop_total_bytes=loop["total"],
         cache_specs={kind: str(layout[kind]["spec"]) for kind in layout},  # the decode layout's
-        fits=loop["total"] <= limit,
+        fits=loop["total"] <= limit, cross_kv_projection=placement,
     )  # fmt: skip
     refused = [k for k in ("prefill", "step") if "refused" in programs[k]]
     if refused:
@@ -255,15 +280,18 @@ def predict_mesh(m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, 
         programs["prefill"]["cost"], chip, **{k: v for k, v in programs["prefill"].items() if k in _CHUNKED}
     )
     step = Roofline.of(programs["step"]["cost"], chip, memory=programs["step"]["memory"])
+    in_loop = programs.get("step_in_loop", {})
+    in_loop = Roofline.of(in_loop["cost"], chip, memory=in_loop["memory"]) if "cost" in in_loop else None
     wall = prefill.s + s.output_len * step.s
     return dataclasses.replace(
         row,
         prefill=prefill,
         step=step,
+        step_in_loop=in_loop,
         batch_s=wall,
         time_per_sample_s=per_sample_per_chip(wall, tpu.chips, batch),
         prefill_per_sample_s=per_sample_per_chip(prefill.s, tpu.chips, batch),
-        compile_s=sum(p[k].get("compile_s", 0.0) for p in m.compiled.values() for k in ("prefill", "step"))
+        compile_s=sum(p[k].get("compile_s", 0.0) for p in m.compiled.values() for k in _PROGRAMS if k in p)
         + sum(x["compile_s"] for x in m.loops.values()),
     )
 
@@ -351,6 +379,7 @@ def _record(
         num_kv_heads=config.num_kv_heads,
         dtype=s.dtype,
         cache_dtype=s.cache_dtype or s.dtype,
+        decode=t_infer.record_decode(s.decode),
         weights=WEIGHTS,
         machine=machine_info(),
         prediction=prediction,
@@ -365,6 +394,8 @@ def summary(record: TimingRecord, workdir: str) -> str:
         f"time (predicted for TPU {p.topology}, {p.chips} x {p.chip['device_kind']}; not measured): "
         f"{r.preset} K={r.num_kv_heads} of N={r.num_heads}, {r.dtype}"
         + (f", KV cache {r.cache_dtype}" if r.cache_dtype != r.dtype else "")
+        + (f", decode {r.decode} (the paper's, an instrument)" if r.decode else "")
+        + (f"; its cross K/V projection {best.cross_kv_projection}" if best.cross_kv_projection else "")
         + f", mesh {p.mesh}, batch {r.batch}, input {r.input_len}, output {r.output_len}: "
         f"{r.time_per_sample_s * 1e3:.3f} ms per sample per chip (prefill "
         f"{r.prefill_per_sample_s * 1e3:.3f} ms, {best.prefill.bound}-bound; decoder steps "

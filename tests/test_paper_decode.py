@@ -183,7 +183,8 @@ def test_time_predict_costs_a_hoisted_projection_as_the_loop_runs_it(tmp_path):
     prediction costs the programs the loop runs, which are our decode's (the projection once in the
     prefill, a step that reads its results): the same cost as ours; the step as written, projecting
     the encoder output itself, is kept beside them (``step_in_loop``: more flops); the record names
-    the decode, and ours names none."""
+    the decode, and ours names none. ``--cache-layout heads``: the cache held as T5X's rules hold it,
+    its K/V heads over the model axis alone, whole on every chip where they do not split."""
     import json
 
     from gqa_jax.cli import time as time_cli
@@ -191,12 +192,17 @@ def test_time_predict_costs_a_hoisted_projection_as_the_loop_runs_it(tmp_path):
     p = options.Parser(prog="time")
     time_cli.add_args(p)
     records = {}
-    for decode in ("ours", "cross_recompute"):
-        argv = ["--workdir", str(tmp_path / decode), "--preset", "tiny", "--num-kv-heads", "2", "--input-len",
+    for name, decode, layout in (("ours", "ours", "auto"), ("cross", "cross_recompute", "auto"),
+                                 ("heads", "cross_recompute", "heads")):  # fmt: skip
+        argv = ["--workdir", str(tmp_path / name), "--preset", "tiny", "--num-kv-heads", "2", "--input-len",
                 "24", "--output-len", "8", "--predict", "v4:2x2x1", "--mesh", "1x4", "--batch", "8",
-                "--decode", decode]  # fmt: skip
+                "--decode", decode, "--cache-layout", layout]  # fmt: skip
         assert time_cli.run(p.parse_args(argv)) == 0
-        records[decode] = json.loads((tmp_path / decode / "timing.json").read_text())
+        records[name] = json.loads((tmp_path / name / "timing.json").read_text())
+    records["cross_recompute"] = records.pop("cross")
+    # T5X's rules: 2 K/V heads do not split over the 4-way model axis alone, so every chip holds them all
+    heads = records.pop("heads")["prediction"]["meshes"][0]
+    assert heads["cache_specs"]["self"] == "P(None, None, None, None)"
     ours, paper = (records[d]["prediction"]["meshes"][0] for d in ("ours", "cross_recompute"))
     assert "decode" not in records["ours"] and records["cross_recompute"]["decode"] == "cross_recompute"
     assert "cross_kv_projection" not in ours and paper["cross_kv_projection"] == loop_hlo.HOISTED
@@ -205,3 +211,5 @@ def test_time_predict_costs_a_hoisted_projection_as_the_loop_runs_it(tmp_path):
         assert paper[program]["bytes_accessed"] == ours[program]["bytes_accessed"], program
     assert paper["step_in_loop"]["flops"] > paper["step"]["flops"]  # the projection at every step
     assert records["cross_recompute"]["time_per_sample_s"] == records["ours"]["time_per_sample_s"]
+    assert ours["cache_specs"]["self"] != heads["cache_specs"]["self"]  # ours: rows over the rest
+    assert heads["step"]["memory"]["argument"] > paper["step"]["memory"]["argument"]  # the copies

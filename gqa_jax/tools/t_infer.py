@@ -80,6 +80,7 @@ class TimeSettings:
     predict: str | None = None  # a TPU slice: predict from its compiler (tools.t_infer_predict), not time
     mesh: str = "auto"  # with predict: DATAxMODEL over the slice's chips, or auto (every split, fastest)
     decode: str = OUR_DECODE  # ours, or the paper's decode (config.decode_switches): an instrument
+    cache_layout: str = "auto"  # with predict: the decode layout, or "heads" (K/V heads over model alone)
 
 
 # ----------------------------------------------------------------------------- checks

@@ -93,14 +93,25 @@ class _Mesh:
     params: Any
     # (batch, hoisted) -> programs
     compiled: dict[tuple[int, bool], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    cache_mesh: Any = None  # the mesh the programs lay the cache out on (None: ``mesh``, the decode layout)
+
+    @property
+    def program_mesh(self) -> Any:
+        return self.mesh if self.cache_mesh is None else self.cache_mesh
+
     loops: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> the loop's memory
 
 
-def _setup(config: ModelConfig, tpu: tpu_topology.TpuSlice, name: str) -> _Mesh:
+def _setup(config: ModelConfig, tpu: tpu_topology.TpuSlice, name: str, cache_layout: str = "auto") -> _Mesh:
     mesh = sharding_lib.make_mesh(name, devices=tpu.devices)
     graphdef, params = training.split_model(model_lib.abstract(config))
     shardings, _ = sharding_lib.param_shardings(params, mesh)
-    return _Mesh(name, config, mesh, mesh.shape["data"], graphdef, with_shardings(params, shardings))
+    m = _Mesh(name, config, mesh, mesh.shape["data"], graphdef, with_shardings(params, shardings))
+    if (
+        cache_layout == "heads"
+    ):  # the cache's K/V heads over the model axis alone, as plan --cache-layout heads
+        m.cache_mesh = sharding_lib.heads_only(mesh)
+    return m
 
 
 def _compile(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
@@ -137,7 +148,7 @@ def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings, hoisted: boo
     out: dict[str, Any] = {"batch": batch}
     start = time.perf_counter()
     compiled, refused = _compile(
-        decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.mesh)
+        decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.program_mesh)
     )
     out["prefill"] = _program(compiled, refused, time.perf_counter() - start)
     if rows < batch and compiled is not None:
@@ -165,7 +176,7 @@ def _compile_step(m: _Mesh, state: Any, config: Any) -> dict[str, Any]:
     start = time.perf_counter()
     temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(m.mesh, PartitionSpec()))
     weights = decoding.step_weights(m.graphdef, m.params, config)  # as they are: a TPU's kernel is "einsum"
-    lowered = decoding.step.lower(m.graphdef, weights, state, temperature, config=config, mesh=m.mesh)
+    lowered = decoding.step.lower(m.graphdef, weights, state, temperature, config=config, mesh=m.program_mesh)
     compiled, refused = _compile(lowered)
     return _program(compiled, refused, time.perf_counter() - start)
 
@@ -187,6 +198,7 @@ def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]
             preset=s.preset, num_kv_heads=m.config.num_kv_heads, mesh=m.name, batch=batch,
             input_len=s.input_len, output_len=s.output_len, dtype=s.dtype, cache_dtype=s.cache_dtype,
             programs=("decode",), batch_search=(), topology=s.predict, decode=s.decode,
+            cache_layout=s.cache_layout,
         )  # fmt: skip
         start = time.perf_counter()
         try:
@@ -264,7 +276,7 @@ def predict_mesh(m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, 
     placement = loop.get("cross_kv_projection")  # the paper's decode: in its compiled loop, or hoisted
     programs = compile_programs(m, batch, s, hoisted=placement == loop_hlo.HOISTED)
     layout, _ = kvcache.cache_layout(
-        m.config, m.mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
+        m.config, m.program_mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
     )
     row = MeshRow(
         mesh=m.name, batch=batch, how=how, loop_total_bytes=loop["total"],
@@ -305,6 +317,8 @@ def check_settings(s: t_infer.TimeSettings) -> tpu_topology.TpuSlice:
             "(with --num-kv-heads K) instead of --model"
         )
     t_infer.check_settings(dataclasses.replace(s, batch="auto"))  # the batch is checked per mesh
+    if s.cache_layout not in plan.CACHE_LAYOUTS:
+        raise ValueError(f"--cache-layout {s.cache_layout!r}; choose from {', '.join(plan.CACHE_LAYOUTS)}")
     _, shape = tpu_topology.parse_topology(s.predict)  # the name alone: before libtpu loads
     chips = math.prod(shape)
     if s.mesh != MESH_AUTO:
@@ -335,7 +349,7 @@ def predict_t_infer(s: t_infer.TimeSettings, log: Callable[[str], None] = lambda
     )
     rows = []
     for name in names:
-        row = predict_mesh(_setup(config, tpu, name), s, tpu, limit, log)
+        row = predict_mesh(_setup(config, tpu, name, s.cache_layout), s, tpu, limit, log)
         rows.append(row)
         if row.time_per_sample_s is not None:
             log(f"  mesh {name}: batch {row.batch}, {row.time_per_sample_s:.4g} s per sample per chip")
@@ -395,6 +409,7 @@ def summary(record: TimingRecord, workdir: str) -> str:
         f"{r.preset} K={r.num_kv_heads} of N={r.num_heads}, {r.dtype}"
         + (f", KV cache {r.cache_dtype}" if r.cache_dtype != r.dtype else "")
         + (f", decode {r.decode} (the paper's, an instrument)" if r.decode else "")
+        + (f", cache {best.cache_specs['self']}" if best.cache_specs else "")
         + (f"; its cross K/V projection {best.cross_kv_projection}" if best.cross_kv_projection else "")
         + f", mesh {p.mesh}, batch {r.batch}, input {r.input_len}, output {r.output_len}: "
         f"{r.time_per_sample_s * 1e3:.3f} ms per sample per chip (prefill "

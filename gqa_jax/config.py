@@ -206,7 +206,8 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 #   cross_recompute  cross-attention K/V projected from the encoder output at every step in every
 #                    layer (no cross-attention cache: the cache carries the encoder output instead)
 #   one_hot_write    the self-attention cache written as ``cached + new * one_hot(index)`` (the whole
-#                    cache read and written per layer and step), not one dynamic_update_slice
+#                    cache read and written per layer and step), not one dynamic_update_slice; in beam
+#                    search its beams also reordered by T5X's one-hot contraction, not a gather
 #   t5x_layout       the self-attention cache held ``[B, K, H, T]`` (length last, T5X's) and moved
 #                    back to ``[B, K, T, H]`` (moveaxis) for the attention at every step
 PAPER_SWITCHES = ("cross_recompute", "one_hot_write", "t5x_layout")

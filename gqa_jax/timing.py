@@ -271,6 +271,7 @@ class TimingRecord:
     dtype: str = _field(_text)
     cache_dtype: str | None = _field(_text, optional=True)
     decode: str | None = _field(_text, optional=True)  # the paper's decode (an instrument); None: ours
+    beams: int | None = _field(_integer(1), optional=True)  # a beam search's steps predicted; None: greedy
     weights: str = _field(_text)  # "random", a checkpoint's path, or a prediction's "none: ..."
     machine: Mapping[str, Any] = _field(_object())  # measurement.machine_info
     steps_times_s: tuple[float, ...] | None = _field(_numbers, optional=True)  # the step loop's repeats

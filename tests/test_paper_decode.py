@@ -184,7 +184,8 @@ def test_time_predict_costs_a_hoisted_projection_as_the_loop_runs_it(tmp_path):
     prefill, a step that reads its results): the same cost as ours; the step as written, projecting
     the encoder output itself, is kept beside them (``step_in_loop``: more flops); the record names
     the decode, and ours names none. ``--cache-layout heads``: the cache held as T5X's rules hold it,
-    its K/V heads over the model axis alone, whole on every chip where they do not split."""
+    its K/V heads over the model axis alone, whole on every chip where they do not split.
+    ``--beam-search``: each step a beam search's of one beam, T5X's default decode."""
     import json
 
     from gqa_jax.cli import time as time_cli
@@ -192,14 +193,23 @@ def test_time_predict_costs_a_hoisted_projection_as_the_loop_runs_it(tmp_path):
     p = options.Parser(prog="time")
     time_cli.add_args(p)
     records = {}
-    for name, decode, layout in (("ours", "ours", "auto"), ("cross", "cross_recompute", "auto"),
-                                 ("heads", "cross_recompute", "heads")):  # fmt: skip
+    for name, decode, more in (("ours", "ours", []), ("cross", "cross_recompute", []),
+                               ("heads", "cross_recompute", ["--cache-layout", "heads"]),
+                               ("beam", "one_hot_write", ["--beam-search"])):  # fmt: skip
         argv = ["--workdir", str(tmp_path / name), "--preset", "tiny", "--num-kv-heads", "2", "--input-len",
                 "24", "--output-len", "8", "--predict", "v4:2x2x1", "--mesh", "1x4", "--batch", "8",
-                "--decode", decode, "--cache-layout", layout]  # fmt: skip
+                "--decode", decode, *more]  # fmt: skip
         assert time_cli.run(p.parse_args(argv)) == 0
         records[name] = json.loads((tmp_path / name / "timing.json").read_text())
     records["cross_recompute"] = records.pop("cross")
+    # T5X's default decode, a beam search of one beam: its step costs more than a greedy one
+    beam = records.pop("beam")
+    assert beam["beams"] == 1 and "beams" not in records["ours"]
+    step_bytes = {
+        k: r["prediction"]["meshes"][0]["step"]["bytes_accessed"]
+        for k, r in (("beam", beam), *records.items())
+    }
+    assert step_bytes["beam"] > step_bytes["ours"]
     # T5X's rules: 2 K/V heads do not split over the 4-way model axis alone, so every chip holds them all
     heads = records.pop("heads")["prediction"]["meshes"][0]
     assert heads["cache_specs"]["self"] == "P(None, None, None, None)"

@@ -81,6 +81,7 @@ class TimeSettings:
     mesh: str = "auto"  # with predict: DATAxMODEL over the slice's chips, or auto (every split, fastest)
     decode: str = OUR_DECODE  # ours, or the paper's decode (config.decode_switches): an instrument
     cache_layout: str = "auto"  # with predict: the decode layout, or "heads" (K/V heads over model alone)
+    beam_search: bool = False  # with predict: each step a beam search's of one beam (T5X's default decode)
 
 
 # ----------------------------------------------------------------------------- checks

@@ -50,8 +50,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from gqa_jax import beam_search, decode_inputs, decoding, training
 from gqa_jax import cache as kvcache
-from gqa_jax import decode_inputs, decoding, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import ModelConfig
@@ -71,6 +71,7 @@ from gqa_jax.tools.compiled_memory import (
 from gqa_jax.tools.measurement import machine_info
 
 RULE_AUTO = f"largest whose decode loop fits the chip, <= {t_infer.PER_DEVICE} per chip"
+T5X_ALPHA = 0.6  # T5X's beam search's default length penalty (``beam_search(alpha=0.6)``)
 MESH_AUTO = "auto"
 WEIGHTS = "none: compiled shapes only"
 
@@ -163,28 +164,46 @@ def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings, hoisted: boo
         out["step"] = {"refused": "not compiled: the prefill was refused", "total": out["prefill"]["total"]}
     else:
         state = jax.tree.map(lambda a: _rows_of(a, rows, batch), compiled.out_info)
-        out["step"] = _compile_step(m, state, config)
+        if s.beam_search:  # T5X's default decode: the search's first state, one beam per row
+            state = _beam_state(state, s)
+        out["step"] = _compile_step(m, state, config, s.beam_search)
         if hoisted:
-            out["step_in_loop"] = _compile_step(m, _encoded_state(m, state, s), asked)
+            out["step_in_loop"] = _compile_step(m, _encoded_state(m, state, s), asked, s.beam_search)
     out["total"] = max(out["prefill"]["total"], out["step"]["total"])
     m.compiled[batch, hoisted] = out
     return out
 
 
-def _compile_step(m: _Mesh, state: Any, config: Any) -> dict[str, Any]:
-    """One decode step (``decoding.step``, the state donated) on the abstract ``state``: its program."""
+def _compile_step(m: _Mesh, state: Any, config: Any, beams: bool = False) -> dict[str, Any]:
+    """One decode step (``decoding.step``, or with ``beams`` a step of the beam search,
+    ``beam_search.step``; the state donated) on the abstract ``state``: its program."""
     start = time.perf_counter()
-    temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(m.mesh, PartitionSpec()))
     weights = decoding.step_weights(m.graphdef, m.params, config)  # as they are: a TPU's kernel is "einsum"
-    lowered = decoding.step.lower(m.graphdef, weights, state, temperature, config=config, mesh=m.program_mesh)
+    if beams:
+        lowered = beam_search.step.lower(
+            m.graphdef, weights, state, config=config, alpha=T5X_ALPHA, mesh=m.program_mesh
+        )
+    else:
+        temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(m.mesh, PartitionSpec()))
+        lowered = decoding.step.lower(
+            m.graphdef, weights, state, temperature, config=config, mesh=m.program_mesh
+        )
     compiled, refused = _compile(lowered)
     return _program(compiled, refused, time.perf_counter() - start)
+
+
+def _beam_state(state: Any, s: t_infer.TimeSettings) -> Any:
+    """The beam search's first state of one beam per row (``beam_search.initial_state``) from the
+    prefill's abstract ``state``, at the shardings the TPU compiler gives it."""
+    first = jax.jit(beam_search.initial_state, static_argnames=("beam_size", "max_decode_len"))
+    lowered = first.lower(state.cache, beam_size=1, max_decode_len=s.output_len)
+    return compile_lowered(lowered, "tpu").out_info
 
 
 def _encoded_state(m: _Mesh, state: Any, s: t_infer.TimeSettings) -> Any:
     """A decode state with a cross cache as the paper's decode holds it instead: no cross K/V, the
     encoder output ``[B, S, D]`` (rows over ``data``, as the encoder leaves it)."""
-    batch = state.tokens.shape[0]
+    batch = state.cache.cross_mask.shape[0]
     rows = NamedSharding(m.mesh, PartitionSpec(sharding_lib.RULES["batch"], None, None))
     encoded = jax.ShapeDtypeStruct((batch, s.input_len, m.config.d_model), m.config.dtype, sharding=rows)
     return state.replace(cache=state.cache.replace(cross_k=(), cross_v=(), encoded=encoded))
@@ -394,6 +413,7 @@ def _record(
         dtype=s.dtype,
         cache_dtype=s.cache_dtype or s.dtype,
         decode=t_infer.record_decode(s.decode),
+        beams=1 if s.beam_search else None,
         weights=WEIGHTS,
         machine=machine_info(),
         prediction=prediction,
@@ -409,6 +429,7 @@ def summary(record: TimingRecord, workdir: str) -> str:
         f"{r.preset} K={r.num_kv_heads} of N={r.num_heads}, {r.dtype}"
         + (f", KV cache {r.cache_dtype}" if r.cache_dtype != r.dtype else "")
         + (f", decode {r.decode} (the paper's, an instrument)" if r.decode else "")
+        + (", beam search of one beam (T5X's default)" if r.beams else "")
         + (f", cache {best.cache_specs['self']}" if best.cache_specs else "")
         + (f"; its cross K/V projection {best.cross_kv_projection}" if best.cross_kv_projection else "")
         + f", mesh {p.mesh}, batch {r.batch}, input {r.input_len}, output {r.output_len}: "

@@ -4,6 +4,7 @@ or two runs at a time. Every stage kind, SIGKILL and rerun: tests/test_mini.py (
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,13 @@ def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs, capsys, monke
     file.write_text(FAILING_SWEEP)
     root = tmp_path / "root"
     if jobs == 2:  # the failing child real again; the time run's real child ran with jobs=1
-        real, fake = scheduler._popen, popen_leaving_outputs([], load_sweep(file))
-        popen = lambda argv, log, env: (real if "convert" in argv else fake)(argv, log, env)  # noqa: E731
+        fake = popen_leaving_outputs([], load_sweep(file))
+
+        def popen(argv, log, env):
+            if "convert" not in argv:
+                return fake(argv, log, env)
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
         monkeypatch.setattr(scheduler, "_popen", popen)
     # `python -m gqa_jax sweep` in this process (its runs in their own, as ever)
     assert cli.main(["sweep", str(file), "--root", str(root), "--jobs", str(jobs)]) == 1

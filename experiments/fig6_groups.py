@@ -26,7 +26,9 @@ by a roofline (``time --predict``, docs/experiments.md), the mesh and batch tune
 (``--set mesh=1x8`` for one mesh: 8-way model parallelism, the fastest in every auto run measured);
 the runs are named ``..._predicted_v4-2x2x2``, beside measured ones. 3 to 10 minutes per run on 2
 cores at ``mesh=1x8``, two at a time, the longest where the batch is searched (32 and 64 groups).
-The measured predictions (both caches, with the read-once floors): docs/results/predicted-tpu.md.
+The measured predictions (both caches, with the read-once floors): docs/results/predicted-tpu.md;
+under the paper's decode (``--set decode=paper``, an instrument for its timings):
+docs/results/paper-decode.md.
 """
 
 from gqa_jax.experiments import paper
@@ -40,6 +42,7 @@ PARAMS = {
     "caches": "float,int8",
     "predict": None,
     "mesh": "auto",
+    "decode": "ours",  # or the paper's decode (an instrument for its timings, docs/decoding.md)
 }
 
 
@@ -62,6 +65,7 @@ def get_sweep(params):
                     tags={"groups": k, **tags},
                     predict=params["predict"],
                     mesh=params["mesh"],
+                    decode=params["decode"],
                     **options,
                 )
             )

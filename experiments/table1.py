@@ -31,6 +31,11 @@ report labels the times as predictions and gives their ratio to the paper's and 
 floor beside each; ``--set mesh=1x8`` for one mesh instead of every split: 3 to 10 minutes per run,
 two at a time, the longest where the batch is searched (MHA-XXL at input 2048).
 The measured predictions: docs/results/predicted-tpu.md.)
+
+``--set decode=paper`` times (or predicts) the decode as the paper's code ran it instead of ours
+(T5X's cross K/V projected at every step, its one-hot cache write in its layout; an instrument for
+the paper's timings, docs/decoding.md), or ``--set decode=SWITCH[+SWITCH]`` some of it, in runs of
+their own (``..._decode-paper``): docs/results/paper-decode.md.
 """
 
 from gqa_jax.experiments import paper
@@ -47,6 +52,7 @@ PARAMS = {
     "seeds": 1,
     "predict": None,  # a TPU slice (v4:2x2x2): the time runs predicted for it, not measured
     "mesh": "auto",  # with predict: DATAxMODEL over its chips, or auto (every split, the fastest)
+    "decode": "ours",  # the time runs' decode: ours, or the paper's (an instrument for its timings)
 }
 # name -> (preset, K/V heads, start: an MHA checkpoint param or an uptraining run)
 MODELS = {
@@ -83,6 +89,7 @@ def get_sweep(params):
                     tags=tags,
                     predict=params["predict"],
                     mesh=params["mesh"],
+                    decode=params["decode"],
                 )
             )
     return Sweep("table1", tuple(runs), paper.table1_paper())

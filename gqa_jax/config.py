@@ -200,6 +200,47 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     return ModelConfig(**base)
 
 
+# The paper's decode (T5X with Flaxformer, as its public code of May 2023 decoded: docs/paper.md):
+# research instruments that reproduce the paper's decode timings, each a DecodeConfig switch of its
+# own so each can be measured alone; never a way to decode (the tokens are ours, the cost T5X's).
+#   cross_recompute  cross-attention K/V projected from the encoder output at every step in every
+#                    layer (no cross-attention cache: the cache carries the encoder output instead)
+#   one_hot_write    the self-attention cache written as ``cached + new * one_hot(index)`` (the whole
+#                    cache read and written per layer and step), not one dynamic_update_slice; in beam
+#                    search its beams also reordered by T5X's one-hot contraction, not a gather
+#   t5x_layout       the self-attention cache held ``[B, K, H, T]`` (length last, T5X's) and moved
+#                    back to ``[B, K, T, H]`` (moveaxis) for the attention at every step
+PAPER_SWITCHES = ("cross_recompute", "one_hot_write", "t5x_layout")
+OUR_DECODE, PAPER_DECODE = "ours", "paper"  # no switch; every switch
+
+
+def decode_switches(name: str) -> dict[str, bool]:
+    """A decode's name -> its switches: ``ours``, ``paper`` (all of them), or switch names joined
+    by ``+`` (``cross_recompute``, ``one_hot_write+t5x_layout``; ``-`` for ``_`` too)."""
+    text = str(name).strip().lower().replace("-", "_")
+    if text == OUR_DECODE:
+        on: set[str] = set()
+    elif text == PAPER_DECODE:
+        on = set(PAPER_SWITCHES)
+    else:
+        on = {part.strip() for part in text.split("+")}
+        unknown = sorted(on - set(PAPER_SWITCHES))
+        if unknown or not on:
+            raise ValueError(
+                f"decode {name!r}: choose {OUR_DECODE}, {PAPER_DECODE}, or switches of the paper's decode "
+                f"joined by '+' from {', '.join(PAPER_SWITCHES)} (e.g. cross_recompute+one_hot_write)"
+            )
+    return {switch: switch in on for switch in PAPER_SWITCHES}
+
+
+def decode_name(switches: dict[str, bool] | Any) -> str:
+    """The canonical name of a decode's switches (a dict, or anything with them as attributes, a
+    ``DecodeConfig``): ``ours``, ``paper``, or the switches that are on joined by ``+``."""
+    get = switches.get if isinstance(switches, dict) else lambda k: getattr(switches, k)
+    on = [s for s in PAPER_SWITCHES if get(s)]
+    return OUR_DECODE if not on else PAPER_DECODE if len(on) == len(PAPER_SWITCHES) else "+".join(on)
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """The static settings of a compiled decode program (hashable: ``jax.jit`` compiles once per
@@ -210,7 +251,9 @@ class DecodeConfig:
     chooses it for the mesh (``cpu_step.kernel_for``: ``"cpu"`` on one CPU device), the default
     ``"einsum"`` being the plain products of any backend; ``gqa_jax.decoding`` alone reads it.
     ``prefill_rows``: the prefill encodes this many rows at a time (None: the kernel's choice;
-    ``decode_inputs.prefill_rows`` sets it where a TPU's compiler needs it)."""
+    ``decode_inputs.prefill_rows`` sets it where a TPU's compiler needs it). ``cross_recompute``,
+    ``one_hot_write``, ``t5x_layout``: the paper's decode (``PAPER_SWITCHES``), instruments for its
+    timings, all off by default."""
 
     max_decode_len: int
     eos_id: int = 1
@@ -221,6 +264,9 @@ class DecodeConfig:
     cache_dtype: str | None = None
     kernel: str = EINSUM_KERNEL
     prefill_rows: int | None = None
+    cross_recompute: bool = False
+    one_hot_write: bool = False
+    t5x_layout: bool = False
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:

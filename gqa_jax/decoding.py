@@ -48,7 +48,7 @@ from gqa_jax import cache as kvcache
 from gqa_jax import cpu_step, kv_quant
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, DecodeConfig, ModelConfig
+from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, OUR_DECODE, DecodeConfig, ModelConfig, decode_switches
 from gqa_jax.decode_inputs import (
     ModelLike,
     as_split,
@@ -98,11 +98,14 @@ def decode_config(
     return_logits: bool = False,
     cache_dtype: str | None = None,
     prefill_rows: int | None = None,
+    decode: str = OUR_DECODE,
 ) -> DecodeConfig:
     """The static settings of a decode program on ``mesh`` (None: one device), its kernel chosen
     for the mesh by ``cpu_step.kernel_for``: the one place that choice is made, for the decoding
     API, beam search and every tool that lowers or times a decode program. ``prefill_rows``: as
-    ``decode_inputs.prefill_rows`` gives it for the batch (None: the whole batch at once)."""
+    ``decode_inputs.prefill_rows`` gives it for the batch (None: the whole batch at once).
+    ``decode``: ``ours``, or the paper's decode or some of its switches (``config.decode_switches``:
+    instruments for its timings)."""
     return DecodeConfig(
         max_decode_len=int(max_decode_len),
         eos_id=int(eos_id),
@@ -113,6 +116,7 @@ def decode_config(
         cache_dtype=cache_dtype,
         kernel=cpu_step.kernel_for(mesh),
         prefill_rows=prefill_rows,
+        **decode_switches(decode),
     )
 
 
@@ -181,12 +185,15 @@ def prefill(
     *,
     cache_dtype: str | None = None,
     rows: int | None = None,
+    decode: DecodeConfig | None = None,
 ) -> kvcache.KVCache:
     """Encode once and build the cache: cross K/V projected once, empty self K/V ``[B, K, T_max, H]``,
     in ``cache_dtype`` (None: the model's dtype; int8 / fp8: quantized, ``gqa_jax.kv_quant``).
     ``rows`` (None: the whole batch): the encoder takes that many rows at a time (``lax.map`` over
     chunks, :func:`prefill_chunk_rows`); the numbers agree with the batched encoder to float32
-    rounding."""
+    rounding. ``decode``: a program's settings, whose paper's-decode switches (None: none) keep the
+    encoder output instead of the cross K/V (``cross_recompute``) and hold the self cache in the form
+    they ask for (``cache.CacheForm``)."""
     config = model.config
     B, S = encoder_input_ids.shape
     rows = B if rows is None else rows
@@ -195,10 +202,12 @@ def prefill(
         encoded = jax.lax.map(model.encode, chunks).reshape(B, S, -1)  # [B, S, D]
     else:
         encoded = model.encode(encoder_input_ids)  # [B, S, D]
-    cross_k, cross_v = model.decoder.cross_kv(encoded)  # per layer [B, K, S, H]
+    recompute = decode is not None and decode.cross_recompute  # the paper's: no cross cache
+    cross_k, cross_v = ((), ()) if recompute else model.decoder.cross_kv(encoded)  # per layer [B, K, S, H]
     cross_k = tuple(kvcache.store(k, cache_dtype or k.dtype) for k in cross_k)  # laid out as the cache
     cross_v = tuple(kvcache.store(v, cache_dtype or v.dtype) for v in cross_v)
-    self_k, self_v = kvcache.empty_self_cache(config, B, max_decode_len, cache_dtype or encoded.dtype)
+    form = kvcache.CacheForm() if decode is None else kvcache.CacheForm.of(decode)
+    self_k, self_v = kvcache.empty_self_cache(config, B, max_decode_len, cache_dtype or encoded.dtype, form)
     return kvcache.KVCache(
         self_k=self_k,
         self_v=self_v,
@@ -206,6 +215,8 @@ def prefill(
         cross_v=cross_v,
         cross_mask=encoder_input_ids != PAD_ID,
         index=jnp.zeros((), jnp.int32),  # one position for every row
+        encoded=encoded if recompute else None,
+        form=form,
     )
 
 
@@ -296,7 +307,8 @@ def decode_step(
 # TPU prediction; ``finish``: the decoder's steps timed apart from the prefill).
 def _start(model: T5, ids: Array, key: Array, config: DecodeConfig) -> DecodeState:
     rows = prefill_chunk_rows(config, *ids.shape)
-    cache = prefill(model, ids, config.max_decode_len, cache_dtype=config.cache_dtype, rows=rows)
+    T = config.max_decode_len
+    cache = prefill(model, ids, T, cache_dtype=config.cache_dtype, rows=rows, decode=config)
     return init_state(cache, key, vocab_size=model.config.vocab_size, return_logits=config.return_logits)
 
 
@@ -384,11 +396,13 @@ def greedy_decode(
     cache_dtype: str | None = None,
     mesh: Any = None,
     rules: Any = None,
+    decode: str = OUR_DECODE,
 ) -> DecodeResult:
     """Greedy decoding with the KV cache. Returns tokens ``[B, T_max]`` (pad after EOS and
     after an early stop) and lengths ``[B]`` (EOS included). ``mesh``: decode sharded (module
     docstring); ``return_cache``: also the final cache (to inspect its bytes and shardings);
-    ``cache_dtype``: the cache's dtype (None: the model's; ``"int8"``: quantized, ``kv_quant``)."""
+    ``cache_dtype``: the cache's dtype (None: the model's; ``"int8"``: quantized, ``kv_quant``);
+    ``decode``: ``ours`` or the paper's decode, an instrument for its timings (``decode_config``)."""
     return sample_decode(
         model,
         encoder_input_ids,
@@ -402,6 +416,7 @@ def greedy_decode(
         cache_dtype=cache_dtype,
         mesh=mesh,
         rules=rules,
+        decode=decode,
     )
 
 
@@ -422,9 +437,10 @@ def sample_decode(
     cache_dtype: str | None = None,
     mesh: Any = None,
     rules: Any = None,
+    decode: str = OUR_DECODE,
 ) -> DecodeResult:
     """Sampling with temperature / top-k / top-p and an explicit PRNG ``key`` (same key, same
-    samples). ``temperature=0`` is greedy; ``cache_dtype`` as for ``greedy_decode``."""
+    samples). ``temperature=0`` is greedy; ``cache_dtype`` and ``decode`` as for ``greedy_decode``."""
     graphdef, params = as_split(model)
     ids = validate_inputs(
         config_of(model), encoder_input_ids, max_decode_len, max_input_len=max_input_len, truncate=truncate
@@ -446,6 +462,7 @@ def sample_decode(
         return_logits=return_logits,
         cache_dtype=cache_dtype,
         prefill_rows=prefill_rows(config_of(model), *ids.shape, mesh),
+        decode=decode,
     )
     state = prefill_and_decode(
         graphdef,

@@ -50,6 +50,7 @@ Array = jax.Array
 PAD_ID = 0
 EOS_ID = 1
 DECODER_START_ID = 0
+CROSS_RECOMPUTE_SCOPE = "paper_cross_kv"  # the name scope of the paper's decode's per-step cross projection
 
 
 _REMAT = {
@@ -125,33 +126,41 @@ class DecoderLayer(nnx.Module):
     def __call__(
         self,
         y: Array,
-        cross_kv: tuple[Array, Array],
+        cross_kv: tuple[Array, Array] | Array,
         *,
         self_bias: Array,
         self_mask: Array,
         cross_mask: Array,
         self_kv: tuple[Array, Array] | None = None,
         index: Array | None = None,
+        form: cache.CacheForm = cache.OUR_FORM,
         rngs: nnx.Rngs | None = None,
     ) -> tuple[Array, tuple[Array, Array]]:
         """One decoder layer, teacher-forced or cached (the same code for both).
 
-        ``y [B, T, D]``; ``cross_kv``: encoder keys/values ``[B, K, S, H]``; ``self_bias``
+        ``y [B, T, D]``; ``cross_kv``: encoder keys/values ``[B, K, S, H]`` (or, in the paper's
+        decode, the encoder output ``[B, S, D]`` to project them from, at every step); ``self_bias``
         ``[N, T, S']`` or ``[B, N, T, S']``; ``self_mask`` broadcastable to ``[B, T, S']``;
         ``cross_mask [B, 1, S]``. Without ``self_kv`` the keys are these T positions
-        (``S' = T``); with ``self_kv`` (``[B, K, T_max, H]`` each) the new keys/values are
-        written at positions ``index + 0..T-1`` of every row (``index`` a scalar) and the queries
-        attend over the whole cache (``S' = T_max``).
+        (``S' = T``); with ``self_kv`` (``[B, K, T_max, H]`` each, laid out and written as ``form``
+        says) the new keys/values are written at positions ``index + 0..T-1`` of every row
+        (``index`` a scalar) and the queries attend over the whole cache (``S' = T_max``).
         Returns ``(y, (keys, values))``, the latter being the updated cache.
         """
         h = self.self_attn_norm(y)
         q, k, v = self.self_attn.project_qkv(h)  # [B, T, N, H], [B, K, T, H] x 2
         if self_kv is not None:
-            k, v = cache.write(self_kv[0], k, index), cache.write(self_kv[1], v, index)
-        attn = self.self_attn.attend(q, k, v, bias=self_bias, mask=self_mask, rngs=rngs)
+            k, v = cache.write(self_kv[0], k, index, form), cache.write(self_kv[1], v, index, form)
+        attn = self.self_attn.attend(
+            q, cache.attended(k, form), cache.attended(v, form), bias=self_bias, mask=self_mask, rngs=rngs
+        )
         y = y + dropout(attn, self.rate, rngs)
         h = self.cross_attn_norm(y)
         q = self.cross_attn.project_q(h)  # [B, T, N, H]
+        if not isinstance(cross_kv, tuple):  # the paper's decode: projected again, held as a cache holds K/V
+            dtype = cache.dtype_name(self_kv[0]) if self_kv is not None else cross_kv.dtype
+            with jax.named_scope(CROSS_RECOMPUTE_SCOPE):  # its ops' names say where the compiler put them
+                cross_kv = tuple(cache.store(x, dtype) for x in self.cross_attn.project_kv(cross_kv))
         attn = self.cross_attn.attend(q, *cross_kv, mask=cross_mask, rngs=rngs)
         y = y + dropout(attn, self.rate, rngs)
         y = y + dropout(self.mlp(self.mlp_norm(y), rngs), self.rate, rngs)
@@ -199,17 +208,20 @@ class Decoder(nnx.Module):
     def __call__(
         self,
         y: Array,
-        cross_kv: tuple[tuple[Array, ...], tuple[Array, ...]],
+        cross_kv: tuple[tuple[Array, ...], tuple[Array, ...]] | Array,
         cross_mask: Array,
         *,
         self_kv: tuple[tuple[Array, ...], tuple[Array, ...]] | None = None,
         index: Array | None = None,
+        form: cache.CacheForm = cache.OUR_FORM,
         segment_ids: Array | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> tuple[Array, tuple[tuple[Array, ...], tuple[Array, ...]]]:
         """Embedded decoder inputs ``y [B, T, D]`` -> ``([B, T, D], self keys/values per layer)``.
 
-        ``cross_mask`` is ``[B, S]`` (a key mask) or ``[B, T, S]``. Teacher forcing
+        ``cross_kv``: every layer's cross-attention keys and values, or the encoder output ``[B, S,
+        D]`` each layer projects them from (the paper's decode). ``cross_mask`` is ``[B, S]`` (a
+        key mask) or ``[B, T, S]``. Teacher forcing
         (``self_kv=None``): positions ``0..T-1`` attend causally to each other, and only within
         their own segment when ``segment_ids [B, T]`` are given (packed rows).
         Cached: every row's tokens sit at positions ``index + 0..T-1`` (one index: the rows step
@@ -218,7 +230,7 @@ class Decoder(nnx.Module):
         """
         T = y.shape[1]
         q_pos = jnp.arange(T) if self_kv is None else index + jnp.arange(T)  # [T]
-        k_pos = q_pos if self_kv is None else jnp.arange(self_kv[0][0].shape[2])  # [T] or [T_max]
+        k_pos = q_pos if self_kv is None else jnp.arange(cache.length_of(self_kv[0][0], form))  # or [T_max]
         bias = self.relpos(q_pos, k_pos)  # [N, T, T] or [N, T, T_max]
         causal = k_pos <= q_pos[:, None]  # [T, T] or [T, T_max]: key position <= query position
         if segment_ids is not None:
@@ -231,11 +243,14 @@ class Decoder(nnx.Module):
         def call(layer: DecoderLayer, y: Array, kv: Any, rngs: nnx.Rngs | None) -> tuple[Array, Any]:
             cross, own = kv  # this layer's cross K/V, and its cached self K/V (None: teacher forcing)
             return layer(y, cross, self_bias=bias, self_mask=causal, cross_mask=cross_mask,
-                         self_kv=own, index=index, rngs=rngs)  # fmt: skip
+                         self_kv=own, index=index, form=form, rngs=rngs)  # fmt: skip
 
         L = len(self.layers)
         own = [None] * L if self_kv is None else [(self_kv[0][i], self_kv[1][i]) for i in range(L)]
-        per_layer = [((cross_kv[0][i], cross_kv[1][i]), own[i]) for i in range(L)]
+        per_layer = [
+            ((cross_kv[0][i], cross_kv[1][i]) if isinstance(cross_kv, tuple) else cross_kv, own[i])
+            for i in range(L)
+        ]
         teacher = self_kv is None  # decoding has no backward pass and runs the layers one by one
         y, kvs = _run_layers(self.layers, call, y, per_layer, rngs, remat=self.remat if teacher else "none",
                              scan=self.scan and teacher)  # fmt: skip
@@ -316,10 +331,11 @@ class T5(nnx.Module):
         y = self.shared(decoder_input_ids)
         hidden, self_kv = self.decoder(
             y,
-            (kv.cross_k, kv.cross_v),
+            (kv.cross_k, kv.cross_v) if kv.encoded is None else kv.encoded,  # the paper's: projected per step
             kv.cross_mask,
             self_kv=(kv.self_k, kv.self_v),
             index=kv.index,
+            form=kv.form,
         )
         new = kv.replace(self_k=self_kv[0], self_v=self_kv[1], index=kv.index + decoder_input_ids.shape[1])
         return self.logits(hidden), new

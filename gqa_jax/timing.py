@@ -213,6 +213,11 @@ class MeshRow:
     why: str | None = _field(_text, optional=True)
     prefill: Roofline | None = _field(_nested(Roofline), optional=True)
     step: Roofline | None = _field(_nested(Roofline), optional=True)
+    # the paper's decode: where its compiled loop has the per-step cross K/V projection ("in the loop",
+    # "hoisted": then prefill and step are the programs the loop runs, the projection once, and
+    # step_in_loop the step as written, projecting them: its cost had the compiler kept it in the loop)
+    cross_kv_projection: str | None = _field(_text, optional=True)
+    step_in_loop: Roofline | None = _field(_nested(Roofline), optional=True)
     batch_s: float | None = _field(_number, optional=True)  # prefill + output_len x step
     time_per_sample_s: float | None = _field(_number, optional=True)
     prefill_per_sample_s: float | None = _field(_number, optional=True)
@@ -266,6 +271,8 @@ class TimingRecord:
     num_kv_heads: int = _field(_integer(1))
     dtype: str = _field(_text)
     cache_dtype: str | None = _field(_text, optional=True)
+    decode: str | None = _field(_text, optional=True)  # the paper's decode (an instrument); None: ours
+    beams: int | None = _field(_integer(1), optional=True)  # a beam search's steps predicted; None: greedy
     weights: str = _field(_text)  # "random", a checkpoint's path, or a prediction's "none: ..."
     machine: Mapping[str, Any] = _field(_object())  # measurement.machine_info
     steps_times_s: tuple[float, ...] | None = _field(_numbers, optional=True)  # the step loop's repeats

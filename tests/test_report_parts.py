@@ -19,7 +19,8 @@ from gqa_jax.experiments.parts.table1 import Table1
 from gqa_jax.experiments.stats import Stat
 from gqa_jax.experiments.sweep import Run, Sweep
 
-ALL = ["table1", "fig3", "fig4", "fig5", "fig6", "sanity", "claims"]  # the registry's parts, in order
+# the registry's parts, in order
+ALL = ["table1", "fig3", "fig4", "fig5", "fig6", "paper_decode", "sanity", "claims"]
 
 
 class Widgets(Part[dict[str, Stat]]):
@@ -149,7 +150,8 @@ def test_a_sweep_whose_paper_dict_selects_nothing_is_a_clear_error(tmp_path, nam
     fake_root(tmp_path, sweep, {"e": 1.0})
     message = (
         rf"sweep {name}: nothing to report: its paper dict has none of the keys rows, methods, alphas, "
-        r"reference_groups \(one part's schema\) and none of table1, fig4, fig5, fig6 holding a dict"
+        r"reference_groups \(one part's schema\) and none of table1, fig4, fig5, fig6, paper_decode "
+        r"holding a dict"
     )
     with pytest.raises(ValueError, match=message):
         report.write_report(sweep, tmp_path)

@@ -230,10 +230,16 @@ def test_bad_sweep_files_are_clear_errors(tmp_path):
         )
 
 
-@pytest.mark.parametrize("scale, runs", [("default", 70), ("quick", 32), ("large", 129)])
-def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs):
+@pytest.mark.parametrize(
+    "scale, runs, paper_decode", [("default", 74, 4), ("quick", 32, 0), ("large", 145, 16)]
+)
+def test_every_mini_scale_loads_with_every_stage_and_the_four_roles(scale, runs, paper_decode):
     sweep = load_sweep(REPO / "experiments" / "mini.py", [f"scale={scale}"])
     assert len(sweep.runs) == runs
+    decoded = [r for r in sweep.runs if r.tags.get("decode") == "paper"]  # Table 1's time runs, T5X's decode
+    assert len(decoded) == paper_decode and all(
+        r.args["decode"] == "paper" and "model" in r.tags for r in decoded
+    )
     starts = {(r.tags["model"], r.tags["task"]) for r in sweep.runs if r.tags.get("start")}
     finetuned = {(r.tags["model"], r.tags["task"]) for r in sweep.runs if r.stage == "finetune"}
     assert starts == finetuned  # every fine-tuned cell has its step-0 score (the sanity claims')

@@ -73,6 +73,30 @@ def add_cache_dtype(p: argparse.ArgumentParser) -> None:
     )
 
 
+def decode_arg(text: str) -> str:
+    """argparse type of ``--decode``: a decode's canonical name (``config.decode_switches``)."""
+    from gqa_jax.config import decode_name, decode_switches
+
+    try:
+        return decode_name(decode_switches(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_decode(p: argparse.ArgumentParser) -> None:
+    from gqa_jax.config import OUR_DECODE, PAPER_SWITCHES
+
+    p.add_argument(
+        "--decode",
+        type=decode_arg,
+        default=OUR_DECODE,
+        metavar="ours|paper|SWITCH[+SWITCH]",
+        help="the decode: ours, or the paper's (T5X's: an instrument to reproduce its timings, not a way "
+        "to decode; the tokens are the same), or some of its switches joined by '+': "
+        f"{', '.join(PAPER_SWITCHES)} (docs/decoding.md) (default: %(default)s)",
+    )
+
+
 def add_task_examples(
     p: argparse.ArgumentParser, *, split_help: str = "the split (default: %(default)s)"
 ) -> None:

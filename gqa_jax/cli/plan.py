@@ -52,6 +52,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="activations, decode params and KV cache (default: %(default)s)",
     )
     options.add_cache_dtype(p)
+    options.add_decode(p)
     p.add_argument(
         "--param-dtype",
         default="float32",
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dtype=args.cache_dtype, param_dtype=args.param_dtype, num_microbatches=args.num_microbatches,
         remat=args.remat,
         fsdp=args.fsdp, scan_layers=args.scan_layers, programs=programs, batch_search=search,
-        topology=args.topology, cache_layout=args.cache_layout,
+        topology=args.topology, cache_layout=args.cache_layout, decode=args.decode,
     )  # fmt: skip
     res = plan.plan(settings, log=log)
     print(plan_report.report(res), flush=True)

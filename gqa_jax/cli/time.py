@@ -61,6 +61,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="parameters, activations and KV cache (default: %(default)s)",
     )
     options.add_cache_dtype(p)
+    options.add_decode(p)
     p.add_argument(
         "--runs",
         type=options.positive_int,
@@ -83,6 +84,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="with --predict: the mesh over the slice's chips, or auto = every DATA x MODEL split, "
         "the fastest kept (the paper's parallelism tuned per model) (default: %(default)s)",
     )
+    p.add_argument(
+        "--cache-layout",
+        default="auto",
+        choices=("auto", "heads"),
+        help="with --predict: the decode cache's layout: auto, its K/V heads over the model axis as far as "
+        "K allows and its rows over the rest (docs/sharding.md); heads, the K/V heads over the model axis "
+        "alone, the cache replicated where K is smaller (as T5X's rules hold MQA's) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--beam-search",
+        action="store_true",
+        help="with --predict: each decode step a beam search's of one beam (T5X's EncoderDecoderModel "
+        "decodes so by default) instead of a greedy step; with --decode paper its beams reordered by "
+        "T5X's one-hot contraction",
+    )
     p.add_argument("--overwrite", action="store_true", help=f"replace an existing {TIMING_FILE}")
 
 
@@ -92,11 +108,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.mesh != "auto" and args.predict is None:
         raise ValueError("--mesh applies to --predict only: a timed run splits its rows over every device")
+    if args.cache_layout != "auto" and args.predict is None:
+        raise ValueError("--cache-layout applies to --predict only: a timed run splits its rows over data")
+    if args.beam_search and args.predict is None:
+        raise ValueError("--beam-search applies to --predict only: time times greedy decoding")
     settings = t_infer.TimeSettings(
         workdir=args.workdir, preset=args.preset, num_kv_heads=args.num_kv_heads, model=args.model,
         input_len=args.input_len, output_len=args.output_len, batch=args.batch, hbm_gib=args.hbm_gib,
         dtype=args.dtype, cache_dtype=args.cache_dtype, runs=args.runs, seed=args.seed,
-        overwrite=args.overwrite, predict=args.predict, mesh=args.mesh,
+        overwrite=args.overwrite, predict=args.predict, mesh=args.mesh, decode=args.decode,
+        cache_layout=args.cache_layout, beam_search=args.beam_search,
     )  # fmt: skip
     if args.predict is not None:
         from gqa_jax.tools import t_infer_predict

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gqa_jax.config import OUR_DECODE, decode_name, decode_switches
 from gqa_jax.experiments import paper
 from gqa_jax.experiments.sweep import Run
 
@@ -102,15 +103,22 @@ def time(
     tags: dict[str, Any] | None = None,
     predict: str | None = None,
     mesh: str = "auto",
+    decode: str = OUR_DECODE,
     **options: Any,
 ) -> Run:
     """Time per sample of greedy decoding at these lengths on random weights (EOS disabled), the
     batch the largest that fits up to 32 per device (``auto``) or a given one. ``predict`` (a TPU
     slice, ``v4:2x2x2``): predicted for it from its compiler instead (``time --predict``, on
     ``mesh``: auto tries every split), in a run of its own (``NAME_predicted_v4-2x2x2``, tagged
-    ``predicted``) beside a measured one."""
+    ``predicted``) beside a measured one. ``decode``: the paper's decode or some of its switches
+    instead of ours (``config.decode_switches``; an instrument for its timings), in a run of its own
+    (``NAME_decode-paper``, tagged ``decode``)."""
     args = {"preset": preset, "num_kv_heads": kv, "input_len": input_len, "output_len": output_len,
             "batch": batch, **options}  # fmt: skip
+    decode = decode_name(decode_switches(decode))
+    if decode != OUR_DECODE:
+        name, args = f"{name}_decode-{decode.replace('+', '-')}", {**args, "decode": decode}
+        tags = {**(tags or {}), "decode": decode}
     if predict:
         name = f"{name}_predicted_{predict.replace(':', '-')}"
         args = {**args, "predict": predict, **({} if mesh == "auto" else {"mesh": mesh})}

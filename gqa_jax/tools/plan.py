@@ -45,6 +45,10 @@ the mesh is then built over that TPU slice's devices (``tools.tpu_topology``: li
 host, no TPU attached) and the TPU compiler compiles the programs; its executable pads arguments
 and outputs to the chip's memory tiles (``checks`` allow for it).
 
+``decode`` (``--decode paper``): the decode loop as the paper's code ran it (an instrument,
+``config.PAPER_SWITCHES``); its optimized HLO then says where the compiler put the per-step cross
+K/V projection (in the loop or hoisted) and the one-hot cache write (``tools.loop_hlo``).
+
 The measuring side is ``tools.compiled_memory``, the batch search ``tools.batch_search``.
 """
 
@@ -63,9 +67,10 @@ from gqa_jax import cache as kvcache
 from gqa_jax import decode_inputs, decoding, kv_quant, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import ModelConfig, preset
-from gqa_jax.model import EOS_ID
-from gqa_jax.tools import tpu_topology
+from gqa_jax.cache import ONE_HOT_SCOPE
+from gqa_jax.config import OUR_DECODE, ModelConfig, decode_switches, preset
+from gqa_jax.model import CROSS_RECOMPUTE_SCOPE, EOS_ID
+from gqa_jax.tools import loop_hlo, tpu_topology
 from gqa_jax.tools.batch_search import search_batch
 from gqa_jax.tools.compiled_memory import (
     GIB,
@@ -102,6 +107,7 @@ class PlanSettings:
     programs: tuple[str, ...] = PROGRAMS
     batch_search: tuple[str, ...] = PROGRAMS  # programs whose largest fitting batch is searched
     topology: str | None = None  # a TPU slice (tools.tpu_topology): its devices and compiler, not this host's
+    decode: str = OUR_DECODE  # the decode loop's: ours, or the paper's decode (config.decode_switches)
 
 
 CACHE_LAYOUTS = (
@@ -146,6 +152,7 @@ def check_settings(settings: PlanSettings) -> tuple[ModelConfig, ModelConfig, An
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
     kv_quant.check_cache_dtype(settings.cache_dtype)
+    decode_switches(settings.decode)
     if settings.cache_layout not in CACHE_LAYOUTS:
         raise ValueError(f"--cache-layout {settings.cache_layout!r}; choose from {', '.join(CACHE_LAYOUTS)}")
     overrides: dict[str, Any] = {
@@ -293,11 +300,12 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
     rows = decode_inputs.prefill_rows(setup.decode_config, batch, s.input_len, mesh)  # a TPU's chunks
     start = time.perf_counter()
+    config = decoding.decode_config(
+        s.output_len, mesh=mesh, eos_id=EOS_ID, cache_dtype=s.cache_dtype, prefill_rows=rows, decode=s.decode
+    )
     lowered = decoding.prefill_and_decode.lower(
-        setup.decode_graphdef, setup.decode_params, ids, key, temperature,
-        config=decoding.decode_config(s.output_len, mesh=mesh, eos_id=EOS_ID, cache_dtype=s.cache_dtype,
-                                      prefill_rows=rows),
-        mesh=cache_mesh, rules=None,
+        setup.decode_graphdef, setup.decode_params, ids, key, temperature, config=config, mesh=cache_mesh,
+        rules=None,
     )  # fmt: skip
     try:
         compiled = compile_lowered(lowered, _platform(setup.mesh))
@@ -316,8 +324,9 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
     self_bytes = device_bytes((cache.self_k, cache.self_v))
     cross_bytes = device_bytes((cache.cross_k, cache.cross_v))
     layout, replicated_cache = kvcache.cache_layout(
-        setup.decode_config, cache_mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
-    )
+        setup.decode_config, cache_mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype,
+        cross=not config.cross_recompute,
+    )  # fmt: skip
     return {
         "batch": batch,
         "prefill_rows": rows,  # None: the encoder took the whole batch at once
@@ -334,7 +343,7 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
         "cache_compiled": {"self": self_bytes, "cross": cross_bytes, "total": self_bytes + cross_bytes},
         "cache_compiled_specs": {
             "self": str(jax.tree.leaves(cache.self_k[0])[0].sharding.spec),  # a quantized entry: its values
-            "cross": str(jax.tree.leaves(cache.cross_k[0])[0].sharding.spec),
+            "cross": str(jax.tree.leaves(cache.cross_k[0])[0].sharding.spec) if cache.cross_k else "none",
         },
         "cache_formula": {
             **{k: layout[k]["bytes_per_device"] for k in ("self", "cross")},
@@ -346,7 +355,20 @@ def compile_decode(setup: _Setup, batch: int) -> dict[str, Any]:
         },
         "cache_replicated": [dataclasses.asdict(r) for r in replicated_cache],
         "cache_report": sharding_lib.replication_report(replicated_cache) if replicated_cache else "",
+        **_paper_ops(compiled, config),
     }
+
+
+def _paper_ops(compiled: Any, config: Any) -> dict[str, Any]:
+    """The paper's decode: where the compiled loop has its per-step cross K/V projection (in the loop or
+    hoisted, ``loop_hlo.where``) and its one-hot cache write (the fusions that write the cache)."""
+    hlo = compiled.as_text() if config.cross_recompute or config.one_hot_write else ""
+    found = {}
+    if config.cross_recompute:
+        found["cross_kv_projection"] = loop_hlo.where(hlo, CROSS_RECOMPUTE_SCOPE)
+    if config.one_hot_write:
+        found["one_hot_write"] = loop_hlo.where(hlo, ONE_HOT_SCOPE, ("fusion",))
+    return found
 
 
 COMPILERS: dict[str, Callable[[_Setup, int], dict[str, Any]]] = {

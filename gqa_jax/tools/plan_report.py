@@ -49,6 +49,8 @@ def _header(res: dict[str, Any], unit: str) -> list[str]:
     micro += f", remat {s['remat']}" if s.get("remat", "none") != "none" else ""
     micro += ", FSDP (also split over data)" if s.get("fsdp") else ""
     micro += ", layers scanned" if s.get("scan_layers") else ""
+    decode = s.get("decode", "ours")
+    micro += f"; decode {decode} (the paper's decode: an instrument)" if decode != "ours" else ""
     return [
         f"# Memory plan: {s['preset']} {attention_name(K, N)} (K = {K}, N = {N}), mesh {s['mesh']} "
         f"(data {res['mesh']['data']} x model {res['mesh']['model']}), batch {s['batch']}, "
@@ -168,6 +170,20 @@ def _layout(res: dict[str, Any]) -> list[str]:
             f"compiled: spec {d['cache_compiled_specs'][kind]}, {human_bytes(d['cache_compiled'][kind])}"
         )
     lines.append(f"- KV cache: {d['cache_report'] or 'no replication (the decode layout, docs/sharding.md)'}")
+    if "cross_kv_projection" in d:  # the paper's decode: no cross cache, its projection per step
+        where = d["cross_kv_projection"]
+        lines.append(
+            f"- cross K/V projected per step (the paper's decode): {where['placement']} "
+            f"({sum(p['in_loop'] for p in where['products'])} of {len(where['products'])} products in the "
+            f"compiled decode loop's computations; the loop carries {where.get('carried')} values of their "
+            "dtype and size)"
+        )
+    if "one_hot_write" in d:  # the paper's decode: the whole cache read and written per layer and step
+        fusions = d["one_hot_write"]["products"]
+        lines.append(
+            f"- one-hot cache write (the paper's decode): {d['one_hot_write']['placement']}, "
+            f"{sum(f['in_loop'] for f in fusions)} fusions in the loop's computations"
+        )
     if d.get("prefill_rows"):
         lines.append(
             f"- prefill: the encoder takes {d['prefill_rows']} rows at a time, "

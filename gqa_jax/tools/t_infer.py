@@ -23,6 +23,9 @@ written to ``DIR/timing.json`` (``gqa_jax.timing.TimingRecord``) for the experim
   ``bench decode``'s floor; the cache by ``cache.expected_cache_bytes``), over all devices. The
   step's roofline (``step_roofline``): each op's bytes or FLOPs at the rates this machine reads a
   buffer of the step's size and multiplies, measured after the timing (one device's rates).
+- The decode: ours, or (``decode``) the paper's decode or some of its switches, instruments that
+  reproduce how T5X decoded (``config.PAPER_SWITCHES``; the record's ``decode`` names it); the
+  bytes model and the roofline are our decode's.
 - The batch: given, or ``auto`` = the largest that fits ``hbm_gib`` per device by the memory plan
   (``tools.plan``'s decode program, compiled ahead of time), at most 32 per device. With several
   devices the rows split over a ``data`` mesh axis of all of them (parameters replicated), so the
@@ -48,7 +51,7 @@ from gqa_jax import cache as kvcache
 from gqa_jax import decoding, kv_quant, paths
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
-from gqa_jax.config import PRESETS, ModelConfig, divisors, preset
+from gqa_jax.config import OUR_DECODE, PRESETS, ModelConfig, decode_name, decode_switches, divisors, preset
 from gqa_jax.timing import TIMING_FILE, TimingRecord
 from gqa_jax.tools.bench_models import NEVER_EOS, random_ids
 from gqa_jax.tools.compiled_memory import GIB
@@ -78,6 +81,9 @@ class TimeSettings:
     overwrite: bool = False
     predict: str | None = None  # a TPU slice: predict from its compiler (tools.t_infer_predict), not time
     mesh: str = "auto"  # with predict: DATAxMODEL over the slice's chips, or auto (every split, fastest)
+    decode: str = OUR_DECODE  # ours, or the paper's decode (config.decode_switches): an instrument
+    cache_layout: str = "auto"  # with predict: the decode layout, or "heads" (K/V heads over model alone)
+    beam_search: bool = False  # with predict: each step a beam search's of one beam (T5X's default decode)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -103,6 +109,7 @@ def check_settings(s: TimeSettings) -> None:
     if s.dtype not in DTYPES:
         raise ValueError(f"dtype {s.dtype!r}; choose from {', '.join(DTYPES)}")
     kv_quant.check_cache_dtype(s.cache_dtype)
+    decode_switches(s.decode)
     if s.hbm_gib is not None and not s.hbm_gib > 0:
         raise ValueError(f"--hbm-gib must be positive, got {s.hbm_gib}")
     if s.preset is not None and s.num_kv_heads is not None:
@@ -183,6 +190,7 @@ def largest_batch(
             preset=preset_name, num_kv_heads=config.num_kv_heads, mesh=f"{devices}x1", batch=batch,
             input_len=s.input_len, output_len=s.output_len, hbm_gib=hbm_gib, dtype=s.dtype,
             cache_dtype=s.cache_dtype, programs=("decode",), batch_search=("decode",) if search else (),
+            decode=s.decode,
         )  # fmt: skip
         return plan.plan(settings, log=log)["programs"]["decode"]
 
@@ -218,11 +226,11 @@ def measure_t_infer(settings: TimeSettings, log: Callable[[str], None] = lambda 
     params, ids, mesh = _placed(params, random_ids(config.vocab_size, batch, s.input_len, s.seed))
     log(
         f"timing greedy decoding: batch {batch}, input {s.input_len}, output {s.output_len}, "
-        f"{s.dtype}, KV cache {s.cache_dtype or s.dtype}, {s.runs} runs after one warm-up"
+        f"{s.dtype}, KV cache {s.cache_dtype or s.dtype}, decode {s.decode}, {s.runs} runs after one warm-up"
     )
     timing = time_greedy(graphdef, params, ids, s, mesh)
-    prefill_timing = time_prefill(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
-    steps_timing = time_steps(graphdef, params, ids, s.output_len, s.cache_dtype, s.runs, mesh)
+    prefill_timing = time_prefill(graphdef, params, ids, s, mesh)
+    steps_timing = time_steps(graphdef, params, ids, s, mesh)
     roofline = step_roofline(model, config, batch, (s.input_len, s.output_len), cache, s.dtype, log)
     record = TimingRecord(
         time_per_sample_s=timing["median_s"] / batch,
@@ -244,6 +252,7 @@ def measure_t_infer(settings: TimeSettings, log: Callable[[str], None] = lambda 
         steps_times_s=tuple(steps_timing["times_s"]),
         step_bytes=reads,
         step_roofline=roofline,
+        decode=record_decode(s.decode),
     )
     write_record(record, out)
     log(f"compile + first call {timing['first_s']:.2f} s (compile ~{timing['compile_s']:.2f} s, excluded)")
@@ -315,14 +324,22 @@ def _placed(params: Any, ids: Any) -> tuple[Any, Any, Any]:
     return params, ids, mesh
 
 
+def record_decode(decode: str) -> str | None:
+    """A timing record's ``decode``: None for ours (the field left out, as before it existed), else the
+    decode's canonical name (the paper's decode or some of its switches)."""
+    name = decode_name(decode_switches(decode))
+    return None if name == OUR_DECODE else name
+
+
 def time_greedy(graphdef: Any, params: Any, ids: Any, s: TimeSettings, mesh: Any) -> dict[str, Any]:
     """``measure``'s timing of the whole decode (``decoding.greedy_decode``, prefill included);
     checks that every row decoded ``output_len`` tokens."""
 
     def decode() -> Any:
         return decoding.greedy_decode(
-            (graphdef, params), ids, s.output_len, eos_id=NEVER_EOS, mesh=mesh, cache_dtype=s.cache_dtype
-        )
+            (graphdef, params), ids, s.output_len, eos_id=NEVER_EOS, mesh=mesh, cache_dtype=s.cache_dtype,
+            decode=s.decode,
+        )  # fmt: skip
 
     timing, result = measure(decode, s.runs)
     lengths = np.asarray(result.lengths)
@@ -333,25 +350,27 @@ def time_greedy(graphdef: Any, params: Any, ids: Any, s: TimeSettings, mesh: Any
     return timing
 
 
-def time_prefill(
-    graphdef: Any, params: Any, ids: Any, output_len: int, cache_dtype: str | None, runs: int, mesh: Any
-) -> dict[str, Any]:
+def _config(s: TimeSettings, mesh: Any) -> decoding.DecodeConfig:
+    """``greedy_decode``'s settings of the timed decode on ``mesh`` (EOS never ends a row)."""
+    return decoding.decode_config(
+        s.output_len, mesh=mesh, eos_id=NEVER_EOS, cache_dtype=s.cache_dtype, decode=s.decode
+    )
+
+
+def time_prefill(graphdef: Any, params: Any, ids: Any, s: TimeSettings, mesh: Any) -> dict[str, Any]:
     """``measure``'s timing of the decode loop's prefill alone (``decoding.start``, with
     ``greedy_decode``'s settings on ``mesh``)."""
-    config = decoding.decode_config(output_len, mesh=mesh, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
-    key = jax.random.key(0)
-    timing, _ = measure(lambda: decoding.start(graphdef, params, ids, key, config=config, mesh=mesh), runs)
+    config, key = _config(s, mesh), jax.random.key(0)
+    timing, _ = measure(lambda: decoding.start(graphdef, params, ids, key, config=config, mesh=mesh), s.runs)
     return timing
 
 
-def time_steps(
-    graphdef: Any, params: Any, ids: Any, output_len: int, cache_dtype: str | None, runs: int, mesh: Any
-) -> dict[str, Any]:
+def time_steps(graphdef: Any, params: Any, ids: Any, s: TimeSettings, mesh: Any) -> dict[str, Any]:
     """``measure``'s timing of the decoder's steps alone: each call runs the prefill
     (``decoding.start``) untimed and blocks on it, then times ``decoding.finish`` (the step loop,
     which donates its state: a fresh one per call) until ``output_len`` tokens are out. The weights
     are laid out for the steps once, before the clock (``decoding.step_weights``)."""
-    config = decoding.decode_config(output_len, mesh=mesh, eos_id=NEVER_EOS, cache_dtype=cache_dtype)
+    config, output_len, runs = _config(s, mesh), s.output_len, s.runs
     key, temperature = jax.random.key(0), jnp.float32(0.0)
     weights = jax.block_until_ready(decoding.step_weights(graphdef, params, config))
 
@@ -380,6 +399,7 @@ def summary(record: TimingRecord, workdir: str | os.PathLike) -> str:
     return (
         f"time: {r.preset} K={r.num_kv_heads} of N={r.num_heads}, weights {r.weights}, {r.dtype}"
         + (f", KV cache {r.cache_dtype}" if r.cache_dtype not in (None, r.dtype) else "")
+        + (f", decode {r.decode} (the paper's decode, an instrument)" if r.decode else "")
         + f", batch {r.batch} ({r.batch_rule}), input {r.input_len}, "
         f"output {r.output_len}: {r.time_per_sample_s * 1e3:.3f} ms per sample "
         f"(median {median:.4f} s of {len(r.times_s)} runs / {r.batch}; prefill "

@@ -50,13 +50,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from gqa_jax import beam_search, decode_inputs, decoding, training
 from gqa_jax import cache as kvcache
-from gqa_jax import decode_inputs, decoding, training
 from gqa_jax import model as model_lib
 from gqa_jax import sharding as sharding_lib
 from gqa_jax.config import ModelConfig
 from gqa_jax.timing import TIMING_FILE, MeshRow, Prediction, Roofline, TimingRecord, per_sample_per_chip
-from gqa_jax.tools import plan, t_infer, tpu_topology
+from gqa_jax.tools import loop_hlo, plan, t_infer, tpu_topology
 from gqa_jax.tools.batch_search import search_batch
 from gqa_jax.tools.bench_models import NEVER_EOS
 from gqa_jax.tools.compiled_memory import (
@@ -71,6 +71,7 @@ from gqa_jax.tools.compiled_memory import (
 from gqa_jax.tools.measurement import machine_info
 
 RULE_AUTO = f"largest whose decode loop fits the chip, <= {t_infer.PER_DEVICE} per chip"
+T5X_ALPHA = 0.6  # T5X's beam search's default length penalty (``beam_search(alpha=0.6)``)
 MESH_AUTO = "auto"
 WEIGHTS = "none: compiled shapes only"
 
@@ -91,15 +92,27 @@ class _Mesh:
     data: int
     graphdef: Any
     params: Any
-    compiled: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> programs
+    # (batch, hoisted) -> programs
+    compiled: dict[tuple[int, bool], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    cache_mesh: Any = None  # the mesh the programs lay the cache out on (None: ``mesh``, the decode layout)
+
+    @property
+    def program_mesh(self) -> Any:
+        return self.mesh if self.cache_mesh is None else self.cache_mesh
+
     loops: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> the loop's memory
 
 
-def _setup(config: ModelConfig, tpu: tpu_topology.TpuSlice, name: str) -> _Mesh:
+def _setup(config: ModelConfig, tpu: tpu_topology.TpuSlice, name: str, cache_layout: str = "auto") -> _Mesh:
     mesh = sharding_lib.make_mesh(name, devices=tpu.devices)
     graphdef, params = training.split_model(model_lib.abstract(config))
     shardings, _ = sharding_lib.param_shardings(params, mesh)
-    return _Mesh(name, config, mesh, mesh.shape["data"], graphdef, with_shardings(params, shardings))
+    m = _Mesh(name, config, mesh, mesh.shape["data"], graphdef, with_shardings(params, shardings))
+    if (
+        cache_layout == "heads"
+    ):  # the cache's K/V heads over the model axis alone, as plan --cache-layout heads
+        m.cache_mesh = sharding_lib.heads_only(mesh)
+    return m
 
 
 def _compile(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
@@ -112,26 +125,31 @@ def _compile(lowered: Any) -> tuple[Any, dict[str, Any] | None]:
         return None, over
 
 
-def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str, Any]:
+def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings, hoisted: bool = False) -> dict[str, Any]:
     """Compile the prefill and one decode step at ``batch`` rows on ``m``: their memory and cost.
     A prefill the TPU encodes in row chunks (``decode_inputs.prefill_rows``: the compiler's limit on
     the encoder's logits; a loop's body is counted once by ``cost_analysis``) is compiled for one
     chunk and its cost scaled by the chunks (``rows``, ``chunks`` and ``scaled`` say so; its memory
     is the chunk's); the step is compiled at ``batch``, on the state the chunks fill. A program the
-    compiler refuses has ``refused`` (and the temporaries it named) and no cost."""
-    if batch in m.compiled:
-        return m.compiled[batch]
+    compiler refuses has ``refused`` (and the temporaries it named) and no cost. ``hoisted``: the
+    paper's decode, whose compiled loop moved the per-step cross K/V projection out of its body
+    (:func:`loop_memory`): the programs are those the loop runs, the projection in the prefill once and
+    its results carried as a cross cache; ``step_in_loop`` is the step as written, projecting them."""
+    if (batch, hoisted) in m.compiled:
+        return m.compiled[batch, hoisted]
     rows = decode_inputs.prefill_rows(m.config, batch, s.input_len, m.mesh) or batch
     replicated = NamedSharding(m.mesh, PartitionSpec())
     ids = jax.ShapeDtypeStruct((rows, s.input_len), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
-    temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
     # greedy, EOS never ends a row: every step costs the same (the decode loop's programs, its kernel)
-    config = decoding.decode_config(s.output_len, mesh=m.mesh, eos_id=NEVER_EOS, cache_dtype=s.cache_dtype)
+    asked = decoding.decode_config(
+        s.output_len, mesh=m.mesh, eos_id=NEVER_EOS, cache_dtype=s.cache_dtype, decode=s.decode
+    )
+    config = dataclasses.replace(asked, cross_recompute=False) if hoisted else asked
     out: dict[str, Any] = {"batch": batch}
     start = time.perf_counter()
     compiled, refused = _compile(
-        decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.mesh)
+        decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.program_mesh)
     )
     out["prefill"] = _program(compiled, refused, time.perf_counter() - start)
     if rows < batch and compiled is not None:
@@ -145,17 +163,50 @@ def compile_programs(m: _Mesh, batch: int, s: t_infer.TimeSettings) -> dict[str,
     if compiled is None:
         out["step"] = {"refused": "not compiled: the prefill was refused", "total": out["prefill"]["total"]}
     else:
-        start = time.perf_counter()
         state = jax.tree.map(lambda a: _rows_of(a, rows, batch), compiled.out_info)
-        weights = decoding.step_weights(
-            m.graphdef, m.params, config
-        )  # as they are: a TPU's kernel is "einsum"
-        lowered = decoding.step.lower(m.graphdef, weights, state, temperature, config=config, mesh=m.mesh)
-        step_compiled, refused = _compile(lowered)
-        out["step"] = _program(step_compiled, refused, time.perf_counter() - start)
+        if s.beam_search:  # T5X's default decode: the search's first state, one beam per row
+            state = _beam_state(state, s)
+        out["step"] = _compile_step(m, state, config, s.beam_search)
+        if hoisted:
+            out["step_in_loop"] = _compile_step(m, _encoded_state(m, state, s), asked, s.beam_search)
     out["total"] = max(out["prefill"]["total"], out["step"]["total"])
-    m.compiled[batch] = out
+    m.compiled[batch, hoisted] = out
     return out
+
+
+def _compile_step(m: _Mesh, state: Any, config: Any, beams: bool = False) -> dict[str, Any]:
+    """One decode step (``decoding.step``, or with ``beams`` a step of the beam search,
+    ``beam_search.step``; the state donated) on the abstract ``state``: its program."""
+    start = time.perf_counter()
+    weights = decoding.step_weights(m.graphdef, m.params, config)  # as they are: a TPU's kernel is "einsum"
+    if beams:
+        lowered = beam_search.step.lower(
+            m.graphdef, weights, state, config=config, alpha=T5X_ALPHA, mesh=m.program_mesh
+        )
+    else:
+        temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(m.mesh, PartitionSpec()))
+        lowered = decoding.step.lower(
+            m.graphdef, weights, state, temperature, config=config, mesh=m.program_mesh
+        )
+    compiled, refused = _compile(lowered)
+    return _program(compiled, refused, time.perf_counter() - start)
+
+
+def _beam_state(state: Any, s: t_infer.TimeSettings) -> Any:
+    """The beam search's first state of one beam per row (``beam_search.initial_state``) from the
+    prefill's abstract ``state``, at the shardings the TPU compiler gives it."""
+    first = jax.jit(beam_search.initial_state, static_argnames=("beam_size", "max_decode_len"))
+    lowered = first.lower(state.cache, beam_size=1, max_decode_len=s.output_len)
+    return compile_lowered(lowered, "tpu").out_info
+
+
+def _encoded_state(m: _Mesh, state: Any, s: t_infer.TimeSettings) -> Any:
+    """A decode state with a cross cache as the paper's decode holds it instead: no cross K/V, the
+    encoder output ``[B, S, D]`` (rows over ``data``, as the encoder leaves it)."""
+    batch = state.cache.cross_mask.shape[0]
+    rows = NamedSharding(m.mesh, PartitionSpec(sharding_lib.RULES["batch"], None, None))
+    encoded = jax.ShapeDtypeStruct((batch, s.input_len, m.config.d_model), m.config.dtype, sharding=rows)
+    return state.replace(cache=state.cache.replace(cross_k=(), cross_v=(), encoded=encoded))
 
 
 def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]:
@@ -165,12 +216,15 @@ def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]
         settings = plan.PlanSettings(
             preset=s.preset, num_kv_heads=m.config.num_kv_heads, mesh=m.name, batch=batch,
             input_len=s.input_len, output_len=s.output_len, dtype=s.dtype, cache_dtype=s.cache_dtype,
-            programs=("decode",), batch_search=(), topology=s.predict,
+            programs=("decode",), batch_search=(), topology=s.predict, decode=s.decode,
+            cache_layout=s.cache_layout,
         )  # fmt: skip
         start = time.perf_counter()
         try:
             row = plan.plan(settings)["programs"]["decode"]
             m.loops[batch] = {"total": row["memory"]["total"], "compile_s": row["compile_s"]}
+            if "cross_kv_projection" in row:  # the paper's decode: where the loop has its projection
+                m.loops[batch]["cross_kv_projection"] = row["cross_kv_projection"]["placement"]
         except ValueError as err:  # the compiler refused the loop over the chip's HBM
             if (over := over_hbm(err)) is None:
                 raise
@@ -180,6 +234,7 @@ def loop_memory(m: _Mesh, s: t_infer.TimeSettings, batch: int) -> dict[str, Any]
     return m.loops[batch]
 
 
+_PROGRAMS = ("prefill", "step", "step_in_loop")  # what compile_programs compiles
 _CHUNKED = ("memory", "rows", "chunks", "scaled")  # what the record keeps of a prefill beside its roofline
 
 
@@ -237,14 +292,15 @@ def predict_mesh(m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, 
     loop = loop_memory(m, s, batch)
     if "refused" in loop:
         return MeshRow(mesh=m.name, batch=batch, fits=False, why=loop["refused"])
-    programs = compile_programs(m, batch, s)
+    placement = loop.get("cross_kv_projection")  # the paper's decode: in its compiled loop, or hoisted
+    programs = compile_programs(m, batch, s, hoisted=placement == loop_hlo.HOISTED)
     layout, _ = kvcache.cache_layout(
-        m.config, m.mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
+        m.config, m.program_mesh, batch, s.input_len, s.output_len, s.cache_dtype or s.dtype
     )
     row = MeshRow(
         mesh=m.name, batch=batch, how=how, loop_total_bytes=loop["total"],
         cache_specs={kind: str(layout[kind]["spec"]) for kind in layout},  # the decode layout's
-        fits=loop["total"] <= limit,
+        fits=loop["total"] <= limit, cross_kv_projection=placement,
     )  # fmt: skip
     refused = [k for k in ("prefill", "step") if "refused" in programs[k]]
     if refused:
@@ -255,15 +311,18 @@ def predict_mesh(m: _Mesh, s: t_infer.TimeSettings, tpu: tpu_topology.TpuSlice, 
         programs["prefill"]["cost"], chip, **{k: v for k, v in programs["prefill"].items() if k in _CHUNKED}
     )
     step = Roofline.of(programs["step"]["cost"], chip, memory=programs["step"]["memory"])
+    in_loop = programs.get("step_in_loop", {})
+    in_loop = Roofline.of(in_loop["cost"], chip, memory=in_loop["memory"]) if "cost" in in_loop else None
     wall = prefill.s + s.output_len * step.s
     return dataclasses.replace(
         row,
         prefill=prefill,
         step=step,
+        step_in_loop=in_loop,
         batch_s=wall,
         time_per_sample_s=per_sample_per_chip(wall, tpu.chips, batch),
         prefill_per_sample_s=per_sample_per_chip(prefill.s, tpu.chips, batch),
-        compile_s=sum(p[k].get("compile_s", 0.0) for p in m.compiled.values() for k in ("prefill", "step"))
+        compile_s=sum(p[k].get("compile_s", 0.0) for p in m.compiled.values() for k in _PROGRAMS if k in p)
         + sum(x["compile_s"] for x in m.loops.values()),
     )
 
@@ -277,6 +336,8 @@ def check_settings(s: t_infer.TimeSettings) -> tpu_topology.TpuSlice:
             "(with --num-kv-heads K) instead of --model"
         )
     t_infer.check_settings(dataclasses.replace(s, batch="auto"))  # the batch is checked per mesh
+    if s.cache_layout not in plan.CACHE_LAYOUTS:
+        raise ValueError(f"--cache-layout {s.cache_layout!r}; choose from {', '.join(plan.CACHE_LAYOUTS)}")
     _, shape = tpu_topology.parse_topology(s.predict)  # the name alone: before libtpu loads
     chips = math.prod(shape)
     if s.mesh != MESH_AUTO:
@@ -307,7 +368,7 @@ def predict_t_infer(s: t_infer.TimeSettings, log: Callable[[str], None] = lambda
     )
     rows = []
     for name in names:
-        row = predict_mesh(_setup(config, tpu, name), s, tpu, limit, log)
+        row = predict_mesh(_setup(config, tpu, name, s.cache_layout), s, tpu, limit, log)
         rows.append(row)
         if row.time_per_sample_s is not None:
             log(f"  mesh {name}: batch {row.batch}, {row.time_per_sample_s:.4g} s per sample per chip")
@@ -351,6 +412,8 @@ def _record(
         num_kv_heads=config.num_kv_heads,
         dtype=s.dtype,
         cache_dtype=s.cache_dtype or s.dtype,
+        decode=t_infer.record_decode(s.decode),
+        beams=1 if s.beam_search else None,
         weights=WEIGHTS,
         machine=machine_info(),
         prediction=prediction,
@@ -365,6 +428,10 @@ def summary(record: TimingRecord, workdir: str) -> str:
         f"time (predicted for TPU {p.topology}, {p.chips} x {p.chip['device_kind']}; not measured): "
         f"{r.preset} K={r.num_kv_heads} of N={r.num_heads}, {r.dtype}"
         + (f", KV cache {r.cache_dtype}" if r.cache_dtype != r.dtype else "")
+        + (f", decode {r.decode} (the paper's, an instrument)" if r.decode else "")
+        + (", beam search of one beam (T5X's default)" if r.beams else "")
+        + (f", cache {best.cache_specs['self']}" if best.cache_specs else "")
+        + (f"; its cross K/V projection {best.cross_kv_projection}" if best.cross_kv_projection else "")
         + f", mesh {p.mesh}, batch {r.batch}, input {r.input_len}, output {r.output_len}: "
         f"{r.time_per_sample_s * 1e3:.3f} ms per sample per chip (prefill "
         f"{r.prefill_per_sample_s * 1e3:.3f} ms, {best.prefill.bound}-bound; decoder steps "

@@ -81,7 +81,7 @@ class Fig6Part(Part[Fig6]):
             reference_groups=ref,
             reference_label=f"MHA ({ref} groups)",
             reference=cells.get((FLOAT_CACHE, ref), Stat(None)),
-            source=time_source(records),
+            source=time_source([r for r in records if pick(r.run)]),
             steps={c: tuple(steps_cells.get((c, g), Stat(None)) for g in groups) for c in caches},
             reads={c: tuple(reads.get((c, g), time_model.Reads()) for g in groups) for c in caches},
         )

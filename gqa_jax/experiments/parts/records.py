@@ -312,8 +312,23 @@ def predicted_on(records: Sequence[Record]) -> str | None:
     return None
 
 
+def decodes(records: Sequence[Record]) -> str:
+    """The decodes the done time runs ran other than ours (timing.json's ``decode``: the paper's or
+    some of its switches), in words for a caption; empty when every one ran ours."""
+    names = unique(r.timing.decode for r in records if r.status == "done" and r.timing and r.timing.decode)
+    if not names:
+        return ""
+    listed = ", ".join(names)
+    return f"; UNDER THE PAPER'S DECODE ({listed}: T5X's, an instrument for its timings, docs/decoding.md)"
+
+
 def time_source(records: Sequence[Record]) -> str:
-    """What the report's times are, for a caption: measured repeats on a machine, or predictions."""
+    """What the report's times are, for a caption: measured repeats on a machine, or predictions,
+    and the decode where it is not ours."""
+    return _source(records) + decodes(records)
+
+
+def _source(records: Sequence[Record]) -> str:
     slice_ = predicted_on(records)
     measured = any(r.status == "done" and r.timing is not None and not r.predicted for r in records)
     if slice_ is None:

@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gqa_jax.experiments.parts import fig3, fig4, fig5, fig6, paper_claims, sanity_claims, table1
+from gqa_jax.experiments.parts import (
+    fig3,
+    fig4,
+    fig5,
+    fig6,
+    paper_claims,
+    paper_decode,
+    sanity_claims,
+    table1,
+)
 from gqa_jax.experiments.parts.base import Part
 from gqa_jax.experiments.sweep import Sweep
 
@@ -22,6 +31,7 @@ PARTS: tuple[Part[Any], ...] = (
     fig4.PART,
     fig5.PART,
     fig6.PART,
+    paper_decode.PART,
     sanity_claims.PART,
     paper_claims.PART,
 )

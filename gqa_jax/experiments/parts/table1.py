@@ -138,9 +138,8 @@ class Table1Part(Part[Table1]):
                 steps=mean_of(steps_cells) if steps_cells else Stat(None),
                 reads=time_model.mean_reads([r for (mm, _), r in reads.items() if mm == m]),
             ))  # fmt: skip
-        return Table1(
-            tuple(tasks), tuple(rows), schema.get("note"), time_source(records), predicted_on(records)
-        )
+        source = time_source([r for r in records if timed(r.run)])  # its time runs' (the decode they ran)
+        return Table1(tuple(tasks), tuple(rows), schema.get("note"), source, predicted_on(records))
 
     def markdown(self, result: Table1, files: Mapping[str, str]) -> list[str]:
         prefill = any(not r.prefill.missing for r in result.rows)

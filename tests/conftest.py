@@ -1,13 +1,15 @@
 """Shared fixtures, built once per test session: a tiny SentencePiece vocabulary, and the
 embedded suite's corpus and docsum datasets from 16 stdlib files (for the subprocess tests).
 
-The session's processes (both xdist workers and every subprocess a test starts) share three
+The session's processes (both xdist workers and every subprocess a test starts) share four
 settings, all about compile time, which is most of this suite's time (tiny programs, each run a
 few times); what the tests check does not depend on them (the suite passes either way; benchmarks
 are not tests), and docs/results/testing.md has what each saved:
 - XLA's LLVM optimization off (``--xla_backend_optimization_level=0``);
 - XLA:CPU's older elemental emitters instead of its MLIR fusion emitters
   (``--xla_cpu_use_fusion_emitters=false``): they compile tiny fusions faster;
+- each program's machine code generated in one piece, not split for threads
+  (``--xla_cpu_parallel_codegen_split_count=1``): the two workers keep both cores busy already;
 - one JAX persistent compilation cache: many tests compile the same programs, in other processes.
 """
 
@@ -33,7 +35,11 @@ CORPUS_WORDS = (
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 COSTS_ENV = "GQA_JAX_TEST_COSTS"  # a folder: what each test's time pays for (tests/suite_costs/)
-FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+FAST_COMPILE = (
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_cpu_parallel_codegen_split_count=1",
+)
 
 
 def pytest_configure(config):

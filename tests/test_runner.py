@@ -4,6 +4,7 @@ or two runs at a time. Every stage kind, SIGKILL and rerun: tests/test_mini.py (
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from runner_fakes import mark_done, popen_leaving_outputs
 from gqa_jax import __main__ as cli
 from gqa_jax.experiments import runner, scheduler
 from gqa_jax.experiments import runs as R
-from gqa_jax.experiments.sweep import Sweep
+from gqa_jax.experiments.sweep import Sweep, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,10 +45,19 @@ def statuses(root: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs, capsys):
+def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs, capsys, monkeypatch):
     file = tmp_path / "failing.py"
     file.write_text(FAILING_SWEEP)
     root = tmp_path / "root"
+    if jobs == 2:  # the failing child real again; the time run's real child ran with jobs=1
+        fake = popen_leaving_outputs([], load_sweep(file))
+
+        def popen(argv, log, env):
+            if "convert" not in argv:
+                return fake(argv, log, env)
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+        monkeypatch.setattr(scheduler, "_popen", popen)
     # `python -m gqa_jax sweep` in this process (its runs in their own, as ever)
     assert cli.main(["sweep", str(file), "--root", str(root), "--jobs", str(jobs)]) == 1
     log = capsys.readouterr().err

@@ -10,18 +10,16 @@ from __future__ import annotations
 import itertools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from gqa_jax import decoding
 from gqa_jax.beam_search import beam_search
-from gqa_jax.cache import ONE_HOT_SCOPE
 from gqa_jax.cli import options
 from gqa_jax.cli import plan as plan_cli
 from gqa_jax.config import PAPER_SWITCHES, decode_name, decode_switches, preset
-from gqa_jax.model import CROSS_RECOMPUTE_SCOPE, T5
+from gqa_jax.model import T5
 from gqa_jax.tools import loop_hlo, plan
 
 V, MAX = 16, 10
@@ -106,37 +104,15 @@ def test_the_tpu_compiler_hoists_the_cross_projection_out_of_the_loop_and_keeps_
         preset="tiny", num_kv_heads=2, mesh="1x4", batch=8, input_len=24, output_len=8,
         programs=("decode",), batch_search=(), topology="v4:2x2x1", decode="paper",
     )  # fmt: skip
-    setup = plan._setup(settings)
-    hlo = _loop_hlo(setup, settings)
-    found = loop_hlo.where(hlo, CROSS_RECOMPUTE_SCOPE)
-    L = setup.decode_config.num_decoder_layers
+    row = plan.plan(settings)["programs"]["decode"]  # what plan and time --predict record of the loop
+    found = row["cross_kv_projection"]  # loop_hlo.where over the compiled loop's optimized HLO
+    L = preset("tiny").num_decoder_layers
     assert found["placement"] == loop_hlo.HOISTED and len(found["products"]) == 2 * L  # K and V per layer
     assert not any(p["in_loop"] for p in found["products"])
     assert [sum(c.values()) for c in found["carried"]] == [2 * L]  # their results enter the loop's carry
-    writes = [op for op in loop_hlo.scoped_ops(hlo, ONE_HOT_SCOPE) if op.opcode in ("add", "fusion")]
-    assert writes and all(op.in_loop for op in writes)
-    row = plan.plan(settings)["programs"]["decode"]  # what plan and time --predict record of it
-    assert row["cross_kv_projection"]["placement"] == loop_hlo.HOISTED
+    writes = row["one_hot_write"]["products"]  # the fusions of the one-hot write's multiply-add
+    assert writes and all(op["in_loop"] for op in writes)
     assert row["cache_compiled"]["cross"] == row["cache_formula"]["cross"] == 0  # no cross cache
-
-
-def _loop_hlo(setup, settings) -> str:
-    """The optimized HLO of ``plan``'s decode loop (``decoding.prefill_and_decode``) on ``setup``."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from gqa_jax import sharding as sharding_lib
-    from gqa_jax.tools.compiled_memory import compile_lowered
-
-    replicated = NamedSharding(setup.mesh, PartitionSpec())
-    ids = jax.ShapeDtypeStruct((settings.batch, settings.input_len), jnp.int32,
-                               sharding=sharding_lib.batch_sharding(setup.mesh))  # fmt: skip
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
-    temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
-    config = decoding.decode_config(settings.output_len, mesh=setup.mesh, decode=settings.decode)
-    lowered = decoding.prefill_and_decode.lower(
-        setup.decode_graphdef, setup.decode_params, ids, key, temperature, config=config, mesh=setup.mesh
-    )
-    return compile_lowered(lowered, "tpu").as_text()
 
 
 def test_the_report_shows_the_time_claim_under_both_decodes_labelled(tmp_path):

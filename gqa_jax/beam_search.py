@@ -7,7 +7,7 @@ scores ``2W`` candidates per row, keeps the best ``W`` finished and the best ``W
 hypotheses, and reorders the beams' self-attention caches (cross K/V are the same across a row's
 beams): by a gather, or under the paper's decode (``one_hot_write``) by T5X's one-hot contraction.
 ``initial_state``, ``beam_step`` and the ``step`` program are the loop's pieces (``time --predict
---beams`` costs ``step``). Scores are ``log p / ((5 + length) / 6) ** alpha``. The input checks and
+--beam-search`` costs ``step``). Scores are ``log p / ((5 + length) / 6) ** alpha``. The input checks and
 the placement on a mesh (``gqa_jax.decode_inputs``), the prefill, the decode kernel
 (``decoding.decode_config``) and the weights' layout for the steps (``decoding.lay_out``,
 ``decoding.step_model``) are those of ``gqa_jax.decoding``.
@@ -172,7 +172,7 @@ def step(
     graphdef, weights, state: BeamState, *, config: DecodeConfig, alpha: float, mesh=None, rules=None
 ) -> BeamState:
     """One search step of every row's beams (the state donated), the weights as
-    ``decoding.step_weights`` lays them out: what ``time --predict --beams`` costs."""
+    ``decoding.step_weights`` lays them out: what ``time --predict --beam-search`` costs."""
     with decode_inputs.mesh_context(mesh, rules, decoding.step_model(graphdef, weights, config).config):
         return beam_step(graphdef, weights, state, config=config, alpha=alpha)
 

@@ -94,13 +94,12 @@ class _Mesh:
     params: Any
     # (batch, hoisted) -> programs
     compiled: dict[tuple[int, bool], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    loops: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> the loop's memory
     cache_mesh: Any = None  # the mesh the programs lay the cache out on (None: ``mesh``, the decode layout)
 
     @property
     def program_mesh(self) -> Any:
         return self.mesh if self.cache_mesh is None else self.cache_mesh
-
-    loops: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)  # batch -> the loop's memory
 
 
 def _setup(config: ModelConfig, tpu: tpu_topology.TpuSlice, name: str, cache_layout: str = "auto") -> _Mesh:
@@ -108,9 +107,7 @@ def _setup(config: ModelConfig, tpu: tpu_topology.TpuSlice, name: str, cache_lay
     graphdef, params = training.split_model(model_lib.abstract(config))
     shardings, _ = sharding_lib.param_shardings(params, mesh)
     m = _Mesh(name, config, mesh, mesh.shape["data"], graphdef, with_shardings(params, shardings))
-    if (
-        cache_layout == "heads"
-    ):  # the cache's K/V heads over the model axis alone, as plan --cache-layout heads
+    if cache_layout == "heads":  # the cache's K/V heads over the model axis alone, as plan's
         m.cache_mesh = sharding_lib.heads_only(mesh)
     return m
 

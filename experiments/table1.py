@@ -11,9 +11,10 @@ cross-attention) and uptrained for alpha = 0.05 of its 1M pre-training steps on 
 corruption; every model is fine-tuned on every task (constant lr 0.001, batch 128, dropout 0.1,
 the task's lengths, the best dev checkpoint kept), evaluated on the dev split with greedy
 decoding, and timed at each task's lengths on random weights (the largest batch that fits, up to
-32 per device). T_infer is the mean of a model's per-task times. The starting checkpoints are
-paths the user gives (ours, HuggingFace T5 directories or T5X checkpoint_N; ``t5_large``,
-``t5_xxl``), as is T5's SentencePiece model (``vocab``).
+32 per device). T_infer is the mean of a model's times at its tasks' lengths, each set of
+lengths once (512 / 256, 2048 / 512, 2048 / 32), as the report takes it. The starting
+checkpoints are paths the user gives (ours, HuggingFace T5 directories or T5X checkpoint_N;
+``t5_large``, ``t5_xxl``), as is T5's SentencePiece model (``vocab``).
 
 Expected runtime: the paper's scale (XXL on a TPU pod: about 600 TPUv3 chip-days for the two
 uptrainings alone); the time runs alone fit on one GPU. The paper's numbers (T_infer s / Average):

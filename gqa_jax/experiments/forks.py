@@ -131,8 +131,8 @@ class Server:
             self._read(wait=False)
 
     def _read(self, wait: bool) -> list[dict]:
-        """The server's messages that have come (with ``wait``, at least one); its end reads as
-        every child killed (SIGKILL reaches them when it dies)."""
+        """The server's messages that have come (with ``wait``, at least one: an error if it has
+        ended); its end reads as every child killed (SIGKILL reaches them when it dies)."""
         fd, messages = self._proc.stdout.fileno(), []
         while True:
             if wait and not messages:
@@ -146,7 +146,9 @@ class Server:
             if not data:
                 self.ended.update(dict.fromkeys(self._children, -signal.SIGKILL))
                 self._children.clear()
-                raise OSError(f"the runs' fork server (pid {self._proc.pid}) ended: see the output above")
+                if wait:
+                    raise OSError(f"the runs' fork server (pid {self._proc.pid}) ended: see the output above")
+                return messages
             self._buffer += data
             *lines, self._buffer = self._buffer.split(b"\n")
             for line in lines:

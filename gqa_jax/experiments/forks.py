@@ -4,7 +4,7 @@ tens of runs. The runner starts one ``Server`` (one import); it loads what the s
 starts no JAX backend, and forks a child per run that runs the command as ``python -m gqa_jax``
 would: in a session of its own (the runner signals its process group), stdin /dev/null, its
 output appended to the run's log, SIGKILL when the server dies (the server gets it when the
-runner dies), its exit code (minus the signal that killed it) reported back to the runner.
+runner dies), its exit code (``-N`` when signal N ended it) reported back to the runner.
 
 Protocol, one JSON object a line: the runner writes ``{"argv": [...], "log": PATH}`` (``argv``
 after ``python -m gqa_jax``); the server answers ``{"pid": PID}`` once the child is forked, and
@@ -30,9 +30,10 @@ import numpy as np
 
 from gqa_jax import metric_writers
 
-# What the stage commands import when they run (``train``, ``convert``, ``evaluate``, ``time``):
-# loaded once in the server, before any fork (and tensorboardX, which a train run loads when it
-# starts writing metrics: half its imports).
+# What the stage commands import when they run (``train``, ``convert``, ``evaluate``, ``time``),
+# cli/ and tools/ (floors above this one) among them: names imported in the server process only, as
+# ``__main__`` imports a command's module, never used here. Loaded once before any fork, with
+# tensorboardX (half a train run's imports; it loads when the run starts writing metrics).
 PRELOAD = (
     "gqa_jax.cli.train",
     "gqa_jax.cli.convert",

@@ -22,6 +22,7 @@ import operator
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -124,6 +125,11 @@ class _EventObjects:
         pass  # an object store has no directories to create
 
 
+def load_tensorboardx() -> ModuleType:
+    """tensorboardX, imported without torch (``import_without``: scalars never need it)."""
+    return import_without("tensorboardX", ("torch",))
+
+
 class MetricWriter:
     """Appends scalar metrics to ``workdir/metrics.jsonl`` and TensorBoard (``workdir/tensorboard``).
 
@@ -150,7 +156,7 @@ class MetricWriter:
             self._file = open(self.path, "a", encoding="utf-8")
         self._tensorboard = None
         if tensorboard:
-            tensorboardx = import_without("tensorboardX", ("torch",))
+            tensorboardx = load_tensorboardx()
             if self._remote:
                 from tensorboardX import record_writer
 

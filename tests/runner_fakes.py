@@ -64,7 +64,7 @@ def popen_leaving_outputs(started: list[list[str]], sweep: Sweep, fail: dict[str
     needed = outputs.needed(sweep.runs)
     fail = fail or {}
 
-    def popen(argv, log_file, env):
+    def popen(argv, log_file, env, server):
         started.append(argv[argv.index("gqa_jax") + 1 :])
         directory, _ = output_dir(argv)
         if directory.name in fail:

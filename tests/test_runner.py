@@ -52,9 +52,9 @@ def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs, capsys, monke
     if jobs == 2:  # the failing child real again; the time run's real child ran with jobs=1
         fake = popen_leaving_outputs([], load_sweep(file))
 
-        def popen(argv, log, env):
+        def popen(argv, log, env, server):
             if "convert" not in argv:
-                return fake(argv, log, env)
+                return fake(argv, log, env, server)
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
         monkeypatch.setattr(scheduler, "_popen", popen)

@@ -159,9 +159,9 @@ def test_a_failed_run_says_its_own_error_line_and_a_dependency_whose_output_went
     text = "loading ...\npython -m gqa_jax time: error: --model ROOT/c/model: no checkpoint there\n\nbye"
     failing = popen_leaving_outputs(started, chain(), fail={"t": text})
 
-    def popen(argv, log_file, env):
+    def popen(argv, log_file, env, server):
         (root / "c" / "model" / "params").rename(root / "c" / "params.moved")  # lost while the runner runs
-        return failing(argv, log_file, env)
+        return failing(argv, log_file, env, server)
 
     monkeypatch.setattr(scheduler, "_popen", popen)
     mark_done(root, chain(), running=("t", "e"))
@@ -180,7 +180,7 @@ def test_a_failed_run_says_its_own_error_line_and_a_dependency_whose_output_went
 def test_a_run_that_exits_0_without_its_outputs_failed(tmp_path, monkeypatch):
     root, lines = tmp_path / "root", []
     monkeypatch.setattr(
-        scheduler, "_popen", lambda argv, log_file, env: subprocess.Popen([sys.executable, "-c", ""])
+        scheduler, "_popen", lambda argv, log_file, env, server: subprocess.Popen([sys.executable, "-c", ""])
     )
     assert runner.run_sweep(chain(), root, only="u", log=lines.append) == 1
     assert "[1/1] u (time): FAILED (exit 0) after 0 s: exit 0, but timing.json is missing" in lines
@@ -192,7 +192,7 @@ def test_a_run_a_signal_killed_says_which(tmp_path, monkeypatch):
     monkeypatch.setattr(
         scheduler,
         "_popen",
-        lambda argv, log_file, env: subprocess.Popen([sys.executable, "-c", code], stdout=log_file),
+        lambda argv, log_file, env, server: subprocess.Popen([sys.executable, "-c", code], stdout=log_file),
     )
     assert runner.run_sweep(chain(), root, only="u", log=lines.append) == 1
     killed = re.compile(r"\[1/1\] u \(time\): FAILED \(killed by SIGKILL\) after \d+ s: compiling \.\.\.")
@@ -248,7 +248,7 @@ from gqa_jax import __main__ as cli
 from gqa_jax.experiments import scheduler
 real = scheduler._popen
 note, child = sys.argv[1], sys.argv[2]
-scheduler._popen = lambda argv, log_file, env: real([sys.executable, child, note], log_file, env)
+scheduler._popen = lambda argv, log, env, server: real([sys.executable, child, note], log, env, server)
 sys.exit(cli.main(["sweep", sys.argv[3], "--root", sys.argv[4]]))
 """
 

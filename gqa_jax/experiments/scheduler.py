@@ -9,12 +9,12 @@ SIGTERM into a clean stop: the signal goes on to every running child's process g
 saves a checkpoint and exits), the runner waits for them (``STOP_WAIT_S``, then kills them; a
 second Ctrl-C is passed on too, and abandons their checkpoints; a third kills them) and records
 them ``stopped``. Each child runs in its own session, so a Ctrl-C at the terminal reaches the
-runner alone, and gets SIGKILL if the runner dies (Linux ``PR_SET_PDEATHSIG``).
+runner alone, and gets SIGKILL if the runner dies (Linux ``PR_SET_PDEATHSIG``). A run's
+``python -m gqa_jax ...`` is forked by ``forks.Server`` (the package imported once, not per run).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import datetime
 import json
@@ -25,13 +25,12 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gqa_jax import paths, shipped
-from gqa_jax.experiments import outputs
+from gqa_jax.experiments import forks, outputs
 from gqa_jax.experiments.locks import TimeGate
 from gqa_jax.experiments.sweep import STAGES, TRAIN_STAGES, Run, command
 
@@ -71,40 +70,24 @@ def write_status(root: Path, run: Run, argv: list[str], state: str, **fields: An
     paths.write_text_atomic(directory / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
 
-def _libc_prctl() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+def _popen(argv: list[str], log_file: Any, env: dict[str, str], server: forks.Server) -> Any:
+    """``argv`` started, its output to ``log_file``: a run of this package forked by ``server``
+    (``forks``: no interpreter start-up), any other command a new process."""
+    if server.serves(argv):
+        return server.start(argv, log_file.name)
+    return forks.popen_quietly(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=shipped.checkout(),
+        env=env,
+        start_new_session=True,  # the terminal's Ctrl-C reaches the runner, which passes it on
+        preexec_fn=forks.die_with_parent,
+    )
 
 
-_PRCTL = _libc_prctl()  # looked up here: between fork and exec the child only makes the call
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the runner dies (Linux prctl PR_SET_PDEATHSIG)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)
-
-
-def _popen(argv: list[str], log_file: Any, env: dict[str, str]) -> subprocess.Popen:
-    with warnings.catch_warnings():
-        # JAX warns about any fork in a process that imported it; the child execs at once and
-        # calls nothing before (``_die_with_parent``: one prctl through a pointer looked up here).
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=shipped.checkout(),
-            env=env,
-            start_new_session=True,  # the terminal's Ctrl-C reaches the runner, which passes it on
-            preexec_fn=_die_with_parent,
-        )
-
-
-def _signal(proc: subprocess.Popen, signum: int) -> None:
+def _signal(proc: Any, signum: int) -> None:
     """Send ``signum`` to ``proc``'s process group when it leads one (its own children too), else
     to ``proc``; nothing when it has ended."""
     try:
@@ -207,7 +190,7 @@ class _Child:
     run: Run
     head: str  # "[i/n] name (stage)": the run in the runner's log lines
     argv: list[str]
-    proc: subprocess.Popen
+    proc: Any  # a subprocess.Popen, or a forks.Forked
     log_file: Any  # ROOT/<name>/log.txt, open for the child's output
     offset: int  # where this start's output begins in it
     t0: float  # time.time() when it started
@@ -237,6 +220,7 @@ class Scheduler:
     def __init__(self, runs: Sequence[Run], root: Path, setup: Setup):
         self.runs, self.root, self.setup, self.log = runs, root, setup, setup.log
         self.env = child_env(root, setup.launcher)
+        self.forks = forks.Server(self.env, shipped.checkout())  # started at the first run of ours
         self.failed: dict[str, str] = {}  # run -> the failed run that stops it
         self.stopped: list[str] = []  # runs stopped by an interrupt
         self.done = set(setup.done)
@@ -253,11 +237,14 @@ class Scheduler:
         """Until every run has ended, been skipped or been blocked by a failure, or an interrupt
         has stopped the runs."""
         stops = self.setup.interrupts
-        while (self.pending or self.running) and not stops.signum:
-            self._start_what_may()
-            self._wait()
-        if self.running:
-            self._stop_children()
+        try:
+            while (self.pending or self.running) and not stops.signum:
+                self._start_what_may()
+                self._wait()
+            if self.running:
+                self._stop_children()
+        finally:
+            self.forks.close()
 
     def _head(self, i: int, r: Run) -> str:
         return f"[{i}/{len(self.runs)}] {r.name} ({r.stage})"
@@ -302,7 +289,7 @@ class Scheduler:
         f = open(log_path, "a")
         f.write(f"\n$ {shlex.join(argv)}\n")
         f.flush()
-        proc = _popen(argv, f, self.env)
+        proc = _popen(argv, f, self.env, self.forks)
         self.running[r.name] = _Child(r, self._head(i, r), argv, proc, f, f.tell(), time.time(), started)
 
     def _wait(self) -> None:

@@ -9,7 +9,9 @@ child processes, and at exit appends its seconds per
 category to ``DIR/<pid>.jsonl`` with the pytest worker it descends from (``GQA_JAX_TEST_WORKER``,
 inherited) and when it ran: report.py gives it to the test that worker ran then.
 An instant counts once, for the first category in ``CATEGORIES`` that covers it. A pytest worker
-writes one line per test (``flush``). A process killed by a signal writes nothing.
+writes one line per test (``flush``). A process killed by a signal writes nothing. A child forked
+without exec (by the sweep runner's fork server, gqa_jax/experiments/forks.py) starts its own
+record at the fork.
 """
 
 import atexit
@@ -33,8 +35,10 @@ TIMED = {
     "gqa_jax.training.loop": [("train", "train")],
     "gqa_jax.decoding": [("decode", "greedy_decode"), ("decode", "sample_decode")],
     "gqa_jax.beam_search": [("decode", "beam_search")],
-    # blocked on a child process or asleep: its time is the child's (or nobody's)
+    # blocked on a child process or asleep: its time is the child's (or nobody's); the runner's
+    # fork server waiting for a request
     "subprocess": [("wait", "Popen.wait"), ("wait", "Popen.communicate")],
+    "gqa_jax.experiments.forks": [("wait", "_idle")],
     "time": [("wait", "sleep")],
 }
 COMPILE_EVENTS = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration")
@@ -183,6 +187,15 @@ def flush(test=None, kind="test"):
     _compiles.clear()
 
 
+def _forked():
+    """In a child forked without exec (the runner's fork server): a process of its own from now."""
+    _state["start"], _state["cpu"] = time.time(), _cpu()
+    for spans in _spans.values():
+        spans.clear()
+    _compiles.clear()
+
+
 if os.environ.get(DIR_ENV):
     _hook_imports()
     atexit.register(flush, kind="process")
+    os.register_at_fork(after_in_child=_forked)

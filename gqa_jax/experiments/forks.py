@@ -106,8 +106,9 @@ class Server:
 
     @staticmethod
     def serves(argv: Sequence[str]) -> bool:
-        """Whether ``argv`` is a command of this package run by this interpreter."""
-        return list(argv[:3]) == [sys.executable, "-m", "gqa_jax"]
+        """Whether ``argv`` is a command of this package run by this interpreter, on Linux (macOS's
+        system libraries are not safe to use in a child forked without an exec)."""
+        return sys.platform.startswith("linux") and list(argv[:3]) == [sys.executable, "-m", "gqa_jax"]
 
     def start(self, argv: Sequence[str], log_path: str) -> Forked:
         """``argv`` (``python -m gqa_jax ...``) forked, its output appended to ``log_path``."""

@@ -29,10 +29,11 @@ from gqa_jax.sharding import constrain
 
 Array = jax.Array
 
-# Under the CPU decode kernel, a group of fewer query heads than this is attended one head at a
-# time: XLA:CPU takes a product with 2-3 rows per K/V head at a fraction of the rate of one with a
-# single row (a matrix-vector product) or 4+ rows (docs/results/decoding.md).
-ONE_HEAD_AT_A_TIME_BELOW = 4
+# Under the CPU decode kernel, a group of fewer query heads than this (2 to 4) is attended one head
+# at a time: XLA:CPU takes a product with 2-4 rows per K/V head at a fraction of the rate of one
+# with a single row (a matrix-vector product); from 8 rows the one product is faster again
+# (docs/results/decoding.md).
+ONE_HEAD_AT_A_TIME_BELOW = 5
 
 # Large negative logit for masked keys: exp() of it is exactly 0 in float32, and a fully
 # masked row stays finite (uniform) instead of NaN.

@@ -168,3 +168,10 @@ def test_the_decode_kernel_is_fixed_when_the_model_is_built():
         assert stepping.encoder.layers[0].attn.kernel == "einsum"  # the prefill's: many rows
     with pytest.raises(ValueError, match="kernel='pallas'; choose from einsum, cpu"):
         DecodeConfig(max_decode_len=2, kernel="pallas")
+    # the one size that selects a loop order: groups of fewer than ONE_HEAD_AT_A_TIME_BELOW query
+    # heads one head at a time under the CPU kernel, larger groups (and the einsum kernel) all at once
+    from gqa_jax.attention import ONE_HEAD_AT_A_TIME_BELOW, Attention
+
+    for kernel, G, one in (("cpu", 4, True), ("cpu", 8, False), ("einsum", 4, False), ("cpu", 1, True)):
+        attn = Attention(preset("tiny", num_heads=8), 8 // G, rngs=nnx.Rngs(0), kernel=kernel)
+        assert attn.one_head_at_a_time == one and (G < ONE_HEAD_AT_A_TIME_BELOW) == (G <= 4), (kernel, G)

@@ -133,7 +133,8 @@ class KVCache:
     """Decoder KV cache, an explicit pytree passed into and returned from every decode step.
 
     ``self_k`` / ``self_v``: one ``[B, K_self, T_max, H]`` array per decoder layer (``[B, K_self,
-    H, T_max]`` in T5X's layout, ``form``), written at ``index`` (a scalar, the next position every
+    H, T_max]`` in T5X's layout, ``[B, T_max, H]`` for one float head under the CPU kernel:
+    ``form``), written at ``index`` (a scalar, the next position every
     row writes). ``cross_k`` / ``cross_v``: one ``[B, K_cross, S, H]`` array per layer, projected
     ONCE from the encoder output at prefill; empty in the paper's decode, which carries the encoder
     output ``encoded [B, S, D]`` instead and projects it at every step. ``cross_mask [B, S]``: False
@@ -192,7 +193,8 @@ def empty_self_cache(
 def _held(x: Entry, form: CacheForm) -> Entry:
     """Keys or values ``[B, K, T, H]`` in ``form``'s layout (T5X's: ``[B, K, H, T]``; one float
     head, flat: ``[B, T, H]``)."""
-    if form.one_head_flat and x.shape[1] == 1 and not isinstance(x, kv_quant.QuantizedKV):
+    flat = form.one_head_flat and not form.length_last and not isinstance(x, kv_quant.QuantizedKV)
+    if flat and x.shape[1] == 1:
         return x[:, 0]
     return jax.tree.map(lambda a: jnp.moveaxis(a, -2, -1), x) if form.length_last else x
 
@@ -200,8 +202,8 @@ def _held(x: Entry, form: CacheForm) -> Entry:
 def attended(entry: Entry, form: CacheForm) -> Entry:
     """A self-attention cache entry as the attention takes it, ``[B, K, T, H]``: T5X's layout moved
     back (``moveaxis``, at every step), a flat one given its head axis, ours as it is."""
-    if len(entry.shape) == 3:  # one head, flat (``form.one_head_flat``)
-        return jax.tree.map(lambda a: a[:, None], entry)
+    if len(entry.shape) == 3:  # one float head, flat (``form.one_head_flat``)
+        return entry[:, None]
     return jax.tree.map(lambda a: jnp.moveaxis(a, -1, -2), entry) if form.length_last else entry
 
 

@@ -169,10 +169,13 @@ def make_train_step(
     )
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "z_loss"))
+def _eval_sums(params: Any, batch: Batch, *, graphdef: Any, z_loss: float) -> dict[str, Array]:
+    return _forward_sums(nnx.merge(graphdef, params), batch, None, z_loss)
+
+
 def make_eval_step(graphdef: Any, *, z_loss: float = Z_LOSS) -> Callable[[Any, Batch], dict[str, Array]]:
-    """The jitted ``(params, batch) -> token sums`` (no dropout), for teacher-forced dev loss."""
-
-    def eval_step(params: Any, batch: Batch) -> dict[str, Array]:
-        return _forward_sums(nnx.merge(graphdef, params), batch, None, z_loss)
-
-    return jax.jit(eval_step)
+    """The jitted ``(params, batch) -> token sums`` (no dropout), for teacher-forced dev loss. One
+    jitted function for every call: a run that evaluates every few steps compiles it once per
+    model and batch shape, not once per evaluation."""
+    return functools.partial(_eval_sums, graphdef=graphdef, z_loss=z_loss)

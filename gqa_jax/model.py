@@ -421,7 +421,7 @@ def build(config: ModelConfig, params: Any = None, *, seed: int = 0) -> T5:
     check_params(flat, config, "params")
     model = abstract(config)
     state = nnx.state(model, nnx.Param)
-    arrays = {p: jnp.asarray(v) for p, v in flat.items()}
+    arrays = {p: jax.device_put(v) for p, v in flat.items()}  # no program per shape, as jnp.asarray's
     nnx.replace_by_pure_dict(state, traversals.unflatten_mapping(arrays))
     nnx.update(model, state)
     return model

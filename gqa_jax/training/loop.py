@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -207,7 +206,7 @@ class _Run:
     is_main: bool  # only process 0 writes logs, configs and reports
     mesh: Any
     graphdef: Any
-    schedule: Callable[[Any], Any]
+    schedule: Callable[[Any], Any]  # the learning rate at a step, jitted (one program, not one per op)
     step_fn: Callable[[TrainState, Any], tuple[TrainState, Any]]
     manager: Any  # the orbax CheckpointManager of workdir/checkpoints
     batches: Any  # this process's batch iterator
@@ -291,7 +290,7 @@ def _setup(config: Any, workdir: Any, task: Any, data_dir: str, vocab: Any, jour
     traced = profiling.parse_steps(config.profile_steps, "config.profile_steps")
     run = _Run(
         config=config, workdir=workdir, task=task, vocab=vocab, data_dir=data_dir, journal=journal,
-        stops=stops, is_main=is_main, mesh=mesh, graphdef=graphdef, schedule=make_schedule(opt_cfg),
+        stops=stops, is_main=is_main, mesh=mesh, graphdef=graphdef, schedule=jax.jit(make_schedule(opt_cfg)),
         step_fn=step_fn, manager=manager, batches=batches, slice_count=slice_count, writer=writer,
         total=total, start=start, resumed=resumed, summary={"steps": total, **info},
         trace=profiling.StepTrace(workdir / metric_writers.TENSORBOARD_DIR, traced),
@@ -404,7 +403,7 @@ def _train_row(run: _Run, m: dict[str, Any], step: int, meter: _Throughput) -> d
     elapsed = max(time.time() - meter.since, 1e-9)
     row = {f"train/{k}": float(v) for k, v in m.items()}
     row |= {
-        "train/learning_rate": float(run.schedule(jnp.asarray(step))),
+        "train/learning_rate": float(run.schedule(step)),
         "train/seconds_per_step": elapsed / meter.steps,
         "train/tokens_per_second": meter.tokens / elapsed,
         "train/examples_seen": (step + 1) * run.config.batch_size,

@@ -22,6 +22,7 @@ whole model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -120,12 +121,16 @@ def init_state(model: T5, optimizer: optax.GradientTransformation, seed: int, st
 def _fresh_state(
     params: Any, optimizer: optax.GradientTransformation, seed: int, step: int = 0
 ) -> TrainState:
-    return TrainState(
-        step=jnp.asarray(step, jnp.int32),
-        params=params,
-        opt_state=optimizer.init(params),
-        rng=jax.random.key_data(jax.random.key(seed, impl="rbg")),
-    )
+    opt_state, rng = _opt_state_and_key(optimizer, params, seed)
+    return TrainState(step=jax.device_put(np.int32(step)), params=params, opt_state=opt_state, rng=rng)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _opt_state_and_key(optimizer: optax.GradientTransformation, params: Any, seed: Any) -> tuple[Any, Array]:
+    """Adafactor's zeroed state and the run's key data in one program: eagerly, each zeros of a
+    new shape and each op of the key were a program of its own to compile (about 15 a run). The
+    same numbers (zeros and integer key bits)."""
+    return optimizer.init(params), jax.random.key_data(jax.random.key(seed, impl="rbg"))
 
 
 def split_model(model: T5) -> tuple[Any, Any]:

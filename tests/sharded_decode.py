@@ -1,7 +1,10 @@
 """Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/eight_devices.py runs it
 for test_sharding.py): for each K and mesh, greedy decoding with the float and the int8 cache on
-the decode layout against one device; prints one JSON line per case (MESH:K)."""
+the decode layout against one device; prints one JSON line per case (MESH:K). ``one_device(k)``
+is the model and its one-device decodes, shared with tests/sharded_equivalence.py (same config,
+same inputs), so each reference and each program common to both parts is compiled once."""
 
+import functools
 import json
 import sys
 
@@ -10,9 +13,35 @@ import numpy as np
 from flax import nnx
 
 from gqa_jax import cache as kvcache
-from gqa_jax import decoding, sharding
+from gqa_jax import decoding, sharding, training
 from gqa_jax.config import preset
 from gqa_jax.model import T5
+
+DECODE_LEN = 10
+
+
+def config(k: int):
+    """The 8-head model of both parts with ``k`` K/V heads (1 encoder, 1 decoder layer)."""
+    return preset("tiny", num_heads=8, head_dim=4, num_kv_heads=k, num_encoder_layers=1, num_decoder_layers=1)
+
+
+def inputs(vocab_size: int) -> np.ndarray:
+    """8 rows of 12 input ids, two of them shorter (pad after)."""
+    ids = np.random.default_rng(2).integers(2, vocab_size, (8, 12))
+    ids[3, 5:] = 0  # rows of different lengths
+    ids[6, 2:] = 0
+    return ids
+
+
+@functools.cache
+def one_device(k: int) -> tuple:
+    """``(config, model, {cache dtype: greedy decode})`` of K = ``k``, all on one device."""
+    cfg = config(k)
+    ids = inputs(cfg.vocab_size)
+    with jax.default_device(jax.devices()[0]):
+        model = T5(cfg, rngs=nnx.Rngs(0))
+        one = {d: decoding.greedy_decode(model, ids, DECODE_LEN, cache_dtype=d) for d in (None, "int8")}
+    return cfg, model, one
 
 
 def spread(x) -> dict:
@@ -29,33 +58,21 @@ def spread(x) -> dict:
 
 def main(cases):
     assert jax.device_count() == 8, jax.devices()
-    ids = np.random.default_rng(2).integers(2, 64, (8, 12))
-    ids[3, 5:] = 0  # rows of different lengths
-    ids[6, 2:] = 0
-    references = {}  # K -> (config, model, one device's tokens per cache dtype): each mesh compares to it
     for mesh_text, k in cases:
-        if k not in references:
-            cfg = preset(
-                "tiny",
-                num_heads=8,
-                head_dim=4,
-                num_kv_heads=k,
-                vocab_size=64,
-                num_encoder_layers=1,
-                num_decoder_layers=1,
-            )
-            with jax.default_device(jax.devices()[0]):
-                model = T5(cfg, rngs=nnx.Rngs(0))
-                one = {d: decoding.greedy_decode(model, ids, 10, cache_dtype=d) for d in (None, "int8")}
-            references[k] = cfg, model, one
-        cfg, model, one = references[k]
+        cfg, model, one = one_device(k)  # each mesh compares to it
+        ids = inputs(cfg.vocab_size)
         mesh = sharding.make_mesh(mesh_text)
-        split = nnx.split(model)
+        # as sharded_equivalence's (graphdef, pure dict): the same decode programs; from the host,
+        # so placing it compiles no resharding programs
+        graphdef, params = training.split_model(model)
+        split = graphdef, jax.tree.map(np.asarray, params)
         row = {"mesh": mesh_text, "k": k}
         for dtype in (None, "int8"):
-            out = decoding.greedy_decode(split, ids, 10, mesh=mesh, return_cache=True, cache_dtype=dtype)
+            out = decoding.greedy_decode(
+                split, ids, DECODE_LEN, mesh=mesh, return_cache=True, cache_dtype=dtype
+            )
             c = out.cache
-            layout, replicated = kvcache.cache_layout(cfg, mesh, 8, 12, 10, dtype or cfg.dtype)
+            layout, replicated = kvcache.cache_layout(cfg, mesh, 8, 12, DECODE_LEN, dtype or cfg.dtype)
             row[dtype or "float"] = {
                 "equal": bool(np.array_equal(one[dtype].tokens, out.tokens))
                 and bool(np.array_equal(one[dtype].lengths, out.lengths)),

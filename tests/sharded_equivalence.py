@@ -1,20 +1,18 @@
 """Run under XLA_FLAGS=--xla_force_host_platform_device_count=8 (tests/eight_devices.py runs it
 for test_sharding.py): for each (mesh, K): sharded init, a train step, greedy decoding and beam
 search vs one device; prints one JSON line per case. Cases are MESH:K, or MESH:K:nobeam to skip
-beam search."""
+beam search. The model, inputs and one-device decodes are tests/sharded_decode.py's."""
 
 import json
 import sys
 
 import jax
 import numpy as np
-from flax import nnx
+from sharded_decode import DECODE_LEN, inputs, one_device
 
 from gqa_jax import cache as kvcache
 from gqa_jax import decoding, sharding, training
 from gqa_jax.beam_search import beam_search
-from gqa_jax.config import preset
-from gqa_jax.model import T5
 from gqa_jax.tools.bench_train import synthetic_batch
 
 
@@ -27,27 +25,19 @@ def max_diff(a, b):
 
 def main(cases):
     assert jax.device_count() == 8, jax.devices()
-    one_device = jax.devices()[:1]
     for mesh_text, k, beam in cases:
-        cfg = preset(
-            "tiny", num_heads=8, head_dim=4, num_kv_heads=k, num_encoder_layers=1, num_decoder_layers=1
-        )
+        # The reference: everything on one device (the decodes shared with sharded_decode.py).
+        cfg, model, one = one_device(k)
+        one_greedy, one_int8 = one[None], one["int8"]
         opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
         batch = synthetic_batch(cfg, 8, 8, 4, seed=1)
-        ids = np.random.default_rng(2).integers(2, cfg.vocab_size, (8, 12))
-        ids[3, 5:] = 0  # rows of different lengths
-        ids[6, 2:] = 0
-
-        # The reference: everything on one device.
-        with jax.default_device(one_device[0]):
-            model = T5(cfg, rngs=nnx.Rngs(0))
+        ids = inputs(cfg.vocab_size)
+        with jax.default_device(jax.devices()[0]):
             graphdef, _ = training.split_model(model)
             state = training.init_state(model, opt, seed=0)
             one_state, one_m = training.make_train_step(graphdef, opt, dropout=False, donate=False)(
                 state, batch
             )
-            one_greedy = decoding.greedy_decode(model, ids, 10)
-            one_int8 = decoding.greedy_decode(model, ids, 10, cache_dtype="int8")
             one_beam = beam_search(model, ids, 6, beam_size=2) if beam else None
 
         mesh = sharding.make_mesh(mesh_text)
@@ -58,9 +48,9 @@ def main(cases):
             for x, s in zip(jax.tree.leaves(placed), jax.tree.leaves(shardings), strict=True)
         )
         params = placed.params  # the decode runs on the sharded initial params
-        greedy = decoding.greedy_decode((graphdef_s, params), ids, 10, mesh=mesh, return_cache=True)
+        greedy = decoding.greedy_decode((graphdef_s, params), ids, DECODE_LEN, mesh=mesh, return_cache=True)
         int8 = decoding.greedy_decode(
-            (graphdef_s, params), ids, 10, mesh=mesh, return_cache=True, cache_dtype="int8"
+            (graphdef_s, params), ids, DECODE_LEN, mesh=mesh, return_cache=True, cache_dtype="int8"
         )
         beam_out = beam_search((graphdef_s, params), ids, 6, beam_size=2, mesh=mesh) if beam else None
         c = int8.cache
@@ -69,7 +59,7 @@ def main(cases):
         new, m = step(placed, batch)
         key = new.params["decoder"]["layers"][0]["self_attn"]["key"]
         kv = sorted({r.name.rsplit(".", 1)[-1] for r in replicated if r.logical_axis == "kv_heads"})
-        _, cache_replicated = kvcache.cache_layout(cfg, mesh, 8, 12, 10, "float32")
+        _, cache_replicated = kvcache.cache_layout(cfg, mesh, 8, 12, DECODE_LEN, "float32")
         print(json.dumps({
             "mesh": mesh_text, "k": k, "loss_one": float(one_m["loss"]), "loss_sharded": float(m["loss"]),
             "max_param_diff": max_diff(one_state.params, new.params), "init_diff": init_diff,

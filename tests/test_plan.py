@@ -28,7 +28,7 @@ def _settings(**kw):
 def test_cli_one_device_train_and_decode_are_consistent_with_the_formulas(tmp_path, capsys):
     out = tmp_path / "plan.json"
     argv = "plan --preset tiny --num-kv-heads 2 --mesh 1x1 --batch 16 --input-len 16 --output-len 8"
-    assert main([*argv.split(), "--batch-search", "decode", "--hbm-gib", "0.0005", "--json", str(out)]) == 0
+    assert main([*argv.split(), "--batch-search", "decode", "--hbm-gib", "0.000477", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| train step | 16 |" in text and "| decode (greedy) | 16 |" in text
     res = json.loads(out.read_text())
@@ -50,6 +50,8 @@ def test_cli_one_device_train_and_decode_are_consistent_with_the_formulas(tmp_pa
         assert r["fits"] == (m["total"] <= res["hbm_bytes"])
     assert train["memory"]["alias"] > 0  # the donated state is reused for the new one
     # the decode batch search: the largest batch is verified by compiles either side of the limit
+    # (the limit, 512,174 bytes, lies where the line through batch 1 and 16 predicts 18 and the
+    # loops at 18 and 19 bracket it: verified by the first prediction's compiles, 4 in all)
     assert "largest_batch" not in train
     search = decode["largest_batch"]
     best, totals = search["largest_batch"], {int(k): v for k, v in search["compiled_totals"].items()}

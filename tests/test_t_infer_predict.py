@@ -28,6 +28,7 @@ from gqa_jax.timing import TimingRecord
 from gqa_jax.tools import compiled_memory, plan, tpu_topology
 from gqa_jax.tools import t_infer as td
 from gqa_jax.tools import t_infer_predict as tp
+from gqa_jax.tools.bench_models import NEVER_EOS
 from gqa_jax.tools.compiled_memory import compile_lowered
 
 TOPOLOGY = "v4:2x2x1"  # 4 chips
@@ -78,12 +79,19 @@ def test_the_record_is_the_roofline_of_the_tpu_executables(predicted):
     assert r["steps_per_sample_s"] == pytest.approx(r["time_per_sample_s"] - r["prefill_per_sample_s"])
 
 
-def test_the_cost_is_one_devices_and_the_fit_is_the_whole_loops(tmp_path):
+@pytest.fixture(scope="module")
+def mesh_4x1(tmp_path_factory):
+    """``(settings, slice, mesh 4x1)``, one ``_Mesh`` for the tests below: the programs and loops
+    one test compiles on it (kept in ``compiled`` and ``loops``) are the next one's too."""
+    s = settings(tmp_path_factory.mktemp("mesh_4x1"), mesh="4x1")
+    tpu = tpu_topology.slice_devices(TOPOLOGY)
+    return s, tpu, tp._setup(td.model_config(s), tpu, "4x1")
+
+
+def test_the_cost_is_one_devices_and_the_fit_is_the_whole_loops(mesh_4x1):
     """Per device: twice the rows per chip, twice the prefill's flops. The fit is the decode loop's
     memory (``plan --topology``'s decode row), which holds more than the prefill or the step alone."""
-    s = settings(tmp_path)
-    tpu = tpu_topology.slice_devices(TOPOLOGY)
-    m = tp._setup(td.model_config(s), tpu, "4x1")
+    s, _, m = mesh_4x1
     one, two = tp.compile_programs(m, 4, s), tp.compile_programs(m, 8, s)
     assert two["prefill"]["cost"]["flops"] == pytest.approx(2 * one["prefill"]["cost"]["flops"], rel=0.05)
     loop = plan.plan(
@@ -102,44 +110,45 @@ def test_the_cost_is_one_devices_and_the_fit_is_the_whole_loops(tmp_path):
     assert tp.loop_memory(m, s, 8)["total"] == loop > two["total"]
 
 
-def test_a_batch_over_the_compilers_limit_is_costed_from_row_chunks(tmp_path, monkeypatch):
+def test_a_batch_over_the_compilers_limit_is_costed_from_row_chunks(mesh_4x1, monkeypatch):
     """Above MAX_ENCODER_LOGITS the TPU compiler crashes on the encoder, so a TPU encodes the batch
     in row chunks: the prediction compiles one chunk and scales its cost by the chunks (the record
     says so), which agrees with an unchunked compile of the same batch below the limit (the flops;
     the bytes grow, the weights read once per chunk); the step
     is compiled at the whole batch, on the state the chunks fill; the loop's memory is the chunked
-    loop's, and the auto batch is no longer capped by the limit."""
-    s = settings(tmp_path, mesh="4x1")
-    tpu = tpu_topology.slice_devices(TOPOLOGY)
+    loop's, and the auto batch is no longer capped by the limit. (At the cap, 128 rows: the record's
+    test compiles the unchunked programs, and the plan's loop is the one the prediction compiles.)"""
+    s, tpu, plain = mesh_4x1
     config = td.model_config(s)
-    whole = tp.compile_programs(tp._setup(config, tpu, "4x1"), 16, s)  # 4 rows per chip: no chunks
-    per_row = decode_inputs.encoder_logits(config, 4, 32, tp._setup(config, tpu, "4x1").mesh)
+    whole = tp.compile_programs(plain, 128, s)  # 32 rows per chip: no chunks
+    per_row = decode_inputs.encoder_logits(config, 4, 32, plain.mesh)
     assert per_row == config.num_heads * 32 * 32  # one row per chip: heads x S x S
-    monkeypatch.setattr(decode_inputs, "MAX_ENCODER_LOGITS", 2 * per_row)  # 2 rows per chip at most
+    monkeypatch.setattr(decode_inputs, "MAX_ENCODER_LOGITS", 16 * per_row)  # 16 rows per chip at most
     m = tp._setup(config, tpu, "4x1")
-    chunked = tp.compile_programs(m, 16, s)
+    chunked = tp.compile_programs(m, 128, s)
     p = chunked["prefill"]
-    assert (p["rows"], p["chunks"]) == (8, 2) and "cost x 2" in p["scaled"] and "rows" not in whole["prefill"]
+    assert (p["rows"], p["chunks"]) == (64, 2) and "cost x 2" in p["scaled"]
+    assert "rows" not in whole["prefill"]
     assert p["cost"]["flops"] == pytest.approx(whole["prefill"]["cost"]["flops"], rel=0.02)
     # every chunk reads the weights again: more bytes than one pass, less than a pass per chunk
     assert whole["prefill"]["cost"]["bytes_accessed"] < p["cost"]["bytes_accessed"]
     assert p["cost"]["bytes_accessed"] < 2 * whole["prefill"]["cost"]["bytes_accessed"]
-    assert chunked["step"]["cost"] == whole["step"]["cost"]  # the same step, at 16 rows
+    assert chunked["step"]["cost"] == whole["step"]["cost"]  # the same step, at 128 rows
     planned = plan.PlanSettings(
-        preset="tiny", num_kv_heads=2, mesh="4x1", batch=16, input_len=32, output_len=8,
+        preset="tiny", num_kv_heads=2, mesh="4x1", batch=128, input_len=32, output_len=8,
         programs=("decode",), batch_search=(), topology=TOPOLOGY,
     )  # fmt: skip
-    assert plan.plan(planned)["programs"]["decode"]["prefill_rows"] == 8  # the loop as the TPU runs it
+    assert plan.plan(planned)["programs"]["decode"]["prefill_rows"] == 64  # the loop as the TPU runs it
     row = tp.predict_mesh(m, s, tpu, limit=2**40, log=lambda _: None)
-    assert row.batch == 128 and row.fits and row.prefill.chunks == 16  # 2 of 32 rows per chip
+    assert row.batch == 128 and row.fits and row.prefill.chunks == 2  # 16 of 32 rows per chip
 
 
-def test_a_batch_search_when_the_cap_does_not_fit(tmp_path):
-    s = settings(tmp_path, mesh="4x1")
-    tpu = tpu_topology.slice_devices(TOPOLOGY)
-    m = tp._setup(td.model_config(s), tpu, "4x1")
-    small, cap = tp.loop_memory(m, s, 4)["total"], tp.loop_memory(m, s, 128)["total"]
-    limit = (small + cap) // 2
+def test_a_batch_search_when_the_cap_does_not_fit(mesh_4x1):
+    """The limit between the loops at 8 and 12 rows: the search lands on 8 (their compiles, and
+    the programs at 8, are the test above's or the search's own)."""
+    s, tpu, m = mesh_4x1
+    fits, over = tp.loop_memory(m, s, 8)["total"], tp.loop_memory(m, s, 12)["total"]
+    limit = (fits + over) // 2
     row = tp.predict_mesh(m, s, tpu, limit, lambda _: None)
     assert 4 <= row.batch < 128 and row.batch % 4 == 0 and row.fits
     assert m.loops[row.batch]["total"] <= limit < m.loops[row.batch + 4]["total"]
@@ -242,17 +251,18 @@ def test_the_read_once_floor_is_the_roofline_of_what_each_program_must_move(pred
 
 def test_the_step_writes_the_cache_at_one_index_without_a_scatter_or_a_loop(tmp_path):
     """One shared cache index: the TPU compiler's optimized decode step (``decoding.step``, the
-    program ``time --predict`` costs) holds no scatter and no while loop. The per-row vmapped write
-    it replaced compiled to a scatter in a while loop over rows, and its counted bytes were 28.4
-    times the step's arguments on this shape (docs/decoding.md)."""
+    program ``time --predict`` costs, lowered here as ``compile_programs`` lowers it for the
+    record's 1x4 mesh, so this process compiles it once) holds no scatter and no while loop. The
+    per-row vmapped write it replaced compiled to a scatter in a while loop over rows, and its
+    counted bytes were 28.4 times the step's arguments on this mesh (docs/decoding.md)."""
     s = settings(tmp_path)
     tpu = tpu_topology.slice_devices(TOPOLOGY)
     m = tp._setup(td.model_config(s), tpu, "1x4")
     replicated = NamedSharding(m.mesh, PartitionSpec())
-    ids = jax.ShapeDtypeStruct((8, 32), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
+    ids = jax.ShapeDtypeStruct((128, 32), jnp.int32, sharding=sharding_lib.batch_sharding(m.mesh))
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     greedy = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
-    config = decoding.decode_config(8, mesh=m.mesh)
+    config = decoding.decode_config(8, mesh=m.mesh, eos_id=NEVER_EOS, cache_dtype=None, decode=s.decode)
     start = compile_lowered(
         decoding.start.lower(m.graphdef, m.params, ids, key, config=config, mesh=m.mesh), "tpu"
     )

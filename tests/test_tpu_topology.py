@@ -9,15 +9,17 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from gqa_jax import backends
 from gqa_jax.__main__ import main
 from gqa_jax.errors import RunError
 from gqa_jax.tools import plan, tpu_topology
 
 
 def settings(**kw):
-    fields = dict(preset="tiny", num_kv_heads=2, mesh="2x2", batch=8, input_len=64, output_len=16,
+    fields = dict(preset="tiny", num_kv_heads=2, mesh="2x2", batch=8, input_len=16, output_len=8,
                   batch_search=(), topology="v4:2x2x1")  # fmt: skip
     return plan.PlanSettings(**{**fields, **kw})
 
@@ -82,22 +84,22 @@ def test_without_libtpu_the_error_says_how_to_install_it(monkeypatch, capsys):
     assert len(err) == 1 and "pip install -r requirements-tpu.txt" in err[0]
 
 
-def test_a_cpu_process_with_libtpu_installed_does_not_load_it():
+def test_a_cpu_process_with_libtpu_installed_does_not_load_it(monkeypatch):
     """libtpu is installed here (the tests need it), no TPU is attached: a gqa_jax process starts
-    the CPU backend alone, without libtpu's warnings; a platform the user sets is kept."""
+    the CPU backend alone, without libtpu's warnings; a platform the user sets is kept (gqa_jax
+    leaves JAX's choice unset: checked in this process, whose choice is cleared for it)."""
     code = "import gqa_jax, jax; print(jax.devices()[0].platform, jax.config.jax_platforms)"
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["cpu", "cpu"]
     assert "TPU" not in out.stderr and "libtpu" not in out.stderr, out.stderr
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(env, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.split() == ["cpu", "cpu"]
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    chosen = jax.config.jax_platforms
+    jax.config.update("jax_platforms", None)
+    try:
+        assert not backends.skip_absent_tpu() and jax.config.jax_platforms is None
+    finally:
+        jax.config.update("jax_platforms", chosen)
 
 
 REFUSAL = (
@@ -134,8 +136,6 @@ def test_a_program_the_tpu_compiler_refuses_is_a_row_that_does_not_fit(monkeypat
 def test_the_decode_batch_search_passes_over_a_batch_the_compiler_refuses(monkeypatch):
     """Searching the largest decode batch, a batch the TPU compiler refuses (seen: MQA-XXL at
     2048 / 512 on v4:2x2x2, batch 741) is a point that does not fit, not the end of the plan."""
-    import jax
-
     real = plan.compile_lowered
 
     def refuse_over_4_rows(lowered, platform=None):
@@ -155,8 +155,6 @@ def test_the_decode_batch_search_passes_over_a_batch_the_compiler_refuses(monkey
 
 
 def test_an_8x8_mesh_on_a_64_chip_v4_slice_which_jax_make_mesh_refuses():
-    import jax
-
     from gqa_jax import sharding
 
     devices = tpu_topology.slice_devices("v4:4x4x4").devices  # 4x4x4 chips: no axes multiply to 8

@@ -41,14 +41,9 @@ def stats(mha4):
     return calibration.second_moments(mha4, [BATCH], EVERYTHING)[0]
 
 
-# One encoder and one decoder layer where the depth is not what a test checks (half the compile);
-# mha4's two layers show that each layer has its own statistics.
-ONE_LAYER = {"num_encoder_layers": 1, "num_decoder_layers": 1}
-
-
 @pytest.fixture(scope="module")
 def vocab_model(small_vocab):
-    return make_model(preset("tiny", vocab_size=small_vocab.vocab_size, **ONE_LAYER), seed=4)
+    return make_model(preset("tiny", vocab_size=small_vocab.vocab_size), seed=4)
 
 
 @pytest.fixture
@@ -288,7 +283,7 @@ def test_library_calibration_errors(mha4, stats, tmp_path):
 
 # ---------------------------------------------------------------------------------- uptraining
 def test_uptraining_calibrates_its_conversion(small_vocab, tmp_path):
-    source_model = make_model(preset("tiny", vocab_size=small_vocab.vocab_size, **ONE_LAYER), seed=5)
+    source_model = make_model(preset("tiny", vocab_size=small_vocab.vocab_size), seed=5)
     source = checkpoints.save(source_model, tmp_path / "mha")
     fields = {"uptrain.source": str(source), "uptrain.num_kv_heads": 1, "uptrain.method": "svd",
               "uptrain.alpha": 0.0, "uptrain.calibration_batches": 2,

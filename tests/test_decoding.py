@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from types import SimpleNamespace
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +19,7 @@ from gqa_jax import uncached as uncached_lib
 from gqa_jax.beam_search import beam_search
 from gqa_jax.cache import cache_bytes, expected_cache_bytes
 from gqa_jax.config import DecodeConfig, preset
-from gqa_jax.data.pipeline import shift_right
-from gqa_jax.model import T5
+from gqa_jax.model import T5, shift_right
 
 V = 16  # a small vocabulary, so EOS (id 1) comes up and rows finish at different steps
 MAX = 10
@@ -33,10 +34,17 @@ ENC = np.array(
 
 
 def tiny(num_kv: int, seed: int = 0, **overrides) -> T5:
+    """Two encoder and two decoder layers: each layer's cache is its own."""
     model = T5(preset("tiny", vocab_size=V, num_kv_heads=num_kv, **overrides), rngs=nnx.Rngs(seed))
     # Make EOS likely enough that rows finish at different steps.
     model.lm_head[...] = model.lm_head[...].at[:, 1].multiply(2.0)
     return model
+
+
+def shallow(num_kv: int, **overrides) -> T5:
+    """One encoder and one decoder layer, for the tests whose behaviour does not depend on the
+    depth (the kernels' layouts, sampling, beam search, chunked prefill): half the compile."""
+    return tiny(num_kv, num_encoder_layers=1, num_decoder_layers=1, **overrides)
 
 
 @pytest.fixture(scope="module", params=[4, 2, 1], ids=["mha", "gqa2", "mqa"])
@@ -72,7 +80,7 @@ def test_the_cpu_kernel_lays_the_step_weights_out_major_and_the_einsum_kernel_do
     X.T``, the weight laid out once outside the step loop), under "einsum" as stored, in the fused
     loop, in ``step`` and in ``finish``. ``kernel_for`` (what decode_config chooses by) gives
     "cpu" for one CPU device only."""
-    model = tiny(2)
+    model = shallow(2)
     graphdef, params = nnx.split(model)
     ids, key, greedy = jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0)
     for kernel, contracts in (("cpu", {"out-major"}), ("einsum", {"as stored"})):
@@ -130,15 +138,17 @@ def test_both_kernels_and_every_program_give_the_same_tokens(model):
     The step programs refuse parameters that ``step_weights`` did not lay out."""
     graphdef, params = nnx.split(model)
     ids, key, greedy = jnp.asarray(ENC, jnp.int32), jax.random.key(0), jnp.float32(0.0)
-    out = {}
+    args, out = (graphdef, params, ids, key, greedy), {}
+    # "cpu": greedy_decode's program (cached == uncached above), called as greedy_decode calls it
+    # (mesh and rules given: jit keys a program on the keywords passed)
     for kernel in ("einsum", "cpu"):
-        config = DecodeConfig(max_decode_len=MAX - 3, return_logits=True, kernel=kernel)  # a fresh trace
-        out[kernel] = decoding.prefill_and_decode(graphdef, params, ids, key, greedy, config=config)
+        config = dataclasses.replace(decoding.decode_config(MAX, return_logits=True), kernel=kernel)
+        out[kernel] = decoding.prefill_and_decode(*args, config=config, mesh=None, rules=None)
         weights = decoding.step_weights(graphdef, params, config)
         state = decoding.start(graphdef, params, ids, key, config=config)
         out[f"{kernel} finish"] = decoding.finish(graphdef, weights, state, greedy, config=config)
         state = decoding.start(graphdef, params, ids, key, config=config)
-        for _ in range(config.max_decode_len):
+        for _ in range(int(out[kernel].step)):  # the steps the loop ran (it stops when all rows are done)
             state = decoding.step(graphdef, weights, state, greedy, config=config)
         out[f"{kernel} steps"] = state
         with pytest.raises(ValueError, match="lay the parameters out with decoding.step_weights"):
@@ -152,7 +162,7 @@ def test_both_kernels_and_every_program_give_the_same_tokens(model):
     B, K, H = ENC.shape[0], model.config.num_kv_heads, model.config.head_dim
     for name, got in out.items():
         flat = name.startswith("cpu") and K == 1
-        assert got.cache.self_k[0].shape == ((B, MAX - 3, H) if flat else (B, K, MAX - 3, H)), name
+        assert got.cache.self_k[0].shape == ((B, MAX, H) if flat else (B, K, MAX, H)), name
         assert got.cache.form.one_head_flat == name.startswith("cpu")
     int8 = kvcache.empty_self_cache(model.config, B, 5, "int8", kvcache.CacheForm(one_head_flat=True))[0][0]
     assert int8.values.shape == int8.scale.shape[:-1] + (H,) == (B, K, 5, H)  # quantized: kept 4-D
@@ -166,7 +176,7 @@ def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch)
     rows = {(8, 512): 2, (32, 128): 8, (6, 300): 3, (8, 2048): 1}  # (batch, input length): rows
     assert {bs: cpu_step.encode_chunk_rows(*bs) for bs in rows} == rows
     assert cpu_step.encode_chunk_rows(*ENC.shape) == ENC.shape[0]  # the other tests: no chunks
-    model = tiny(2)
+    model = shallow(2)
     ids = jnp.asarray(ENC, jnp.int32)
     graphdef, params = nnx.split(model)
     args = (graphdef, params, ids, jax.random.key(0), jnp.float32(0.0))
@@ -195,7 +205,7 @@ def test_cpu_prefill_encodes_in_row_chunks_with_the_batched_numbers(monkeypatch)
 
 
 def test_finished_rows_emit_pad_and_loop_stops_early(model):
-    result = decoding.greedy_decode(model, ENC, MAX)
+    result = decoding.greedy_decode(model, ENC, MAX, return_logits=True)  # the cached test's program
     tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
     for row, n in zip(tokens, lengths, strict=True):
         if n < MAX:
@@ -209,13 +219,15 @@ def test_finished_rows_emit_pad_and_loop_stops_early(model):
             jnp.asarray(ENC),
             jax.random.key(0),
             jnp.float32(0.0),
-            config=decoding.decode_config(MAX),  # greedy_decode's
+            config=decoding.decode_config(MAX, return_logits=True),  # greedy_decode's, called as it calls it
+            mesh=None,
+            rules=None,
         )
         assert int(state.step) == lengths.max()
 
 
 def test_row_alone_equals_row_in_batch(model):
-    batch = np.asarray(decoding.greedy_decode(model, ENC, MAX).tokens)
+    batch = np.asarray(decoding.greedy_decode(model, ENC, MAX, return_logits=True).tokens)  # compiled above
     for i, row in enumerate(ENC):  # a batch of one (same width: one compile for all rows)
         alone = decoding.greedy_decode(model, row[None], MAX)
         np.testing.assert_array_equal(np.asarray(alone.tokens)[0], batch[i])
@@ -274,24 +286,25 @@ def test_greedy_equals_transformers_generate(tmp_path, ffn, tie):
 
 
 # ---------------------------------------------------------------------------- beam search
-def teacher_forced_logprob(model: T5, enc: np.ndarray, seqs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Sum of log p(token) over each sequence's first ``length`` tokens. seqs [R, T], enc [R, S]."""
-    logits = model(jnp.asarray(enc), shift_right(jnp.asarray(seqs)))
-    logp = np.asarray(jax.nn.log_softmax(logits, -1))
-    picked = np.take_along_axis(logp, seqs[..., None], -1)[..., 0]  # [R, T]
-    return np.where(np.arange(seqs.shape[1]) < lengths[:, None], picked, 0.0).sum(-1)
+@nnx.jit
+def teacher_forced_logprob(model: T5, enc: Any, seqs: Any, lengths: Any) -> jax.Array:
+    """Sum of log p(token) over each sequence's first ``length`` tokens. seqs [R, T], enc [R, S].
+    Jitted: one program, not one per eager op."""
+    logp = jax.nn.log_softmax(model(enc, shift_right(seqs)), -1)
+    picked = jnp.take_along_axis(logp, seqs[..., None], -1)[..., 0]  # [R, T]
+    return jnp.where(jnp.arange(seqs.shape[1]) < lengths[:, None], picked, 0.0).sum(-1)
 
 
 def test_beam_of_one_without_length_penalty_is_greedy():
     model = tiny(1)  # MQA: one variant suffices (the cached == uncached tests cover all three)
     beam = beam_search(model, ENC, MAX, beam_size=1, alpha=0.0)
-    greedy = decoding.greedy_decode(model, ENC, MAX)
+    greedy = decoding.greedy_decode(model, ENC, MAX, return_logits=True)  # the cached test's program
     np.testing.assert_array_equal(np.asarray(beam.tokens)[:, 0], np.asarray(greedy.tokens))
     np.testing.assert_array_equal(np.asarray(beam.lengths)[:, 0], np.asarray(greedy.lengths))
 
 
 def test_beam_scores_are_length_penalized_teacher_forced_logprobs():
-    model, alpha = tiny(2), 0.6  # GQA-2: grouped heads; one variant (CI time)
+    model, alpha = shallow(2), 0.6  # GQA-2: grouped heads; one variant (CI time)
     beam = beam_search(model, ENC, MAX, beam_size=3, alpha=alpha)
     tokens, lengths, scores = (np.asarray(x) for x in (beam.tokens, beam.lengths, beam.scores))
     assert np.isfinite(scores).all() and (np.diff(scores, axis=1) <= 0).all()  # best first
@@ -303,7 +316,10 @@ def test_beam_scores_are_length_penalized_teacher_forced_logprobs():
 
 def test_exhaustive_beam_equals_brute_force():
     vocab, T, alpha = 4, 3, 0.6
-    m = T5(preset("tiny", vocab_size=vocab, num_kv_heads=2), rngs=nnx.Rngs(7))
+    m = T5(
+        preset("tiny", vocab_size=vocab, num_kv_heads=2, num_encoder_layers=1, num_decoder_layers=1),
+        rngs=nnx.Rngs(7),
+    )
     enc = np.array([[2, 3, 2, 0], [3, 3, 0, 0]])
     beam = beam_search(m, enc, T, beam_size=vocab**T, alpha=alpha)
     # Every complete hypothesis: ends at its first EOS (id 1) or runs to length T.
@@ -324,7 +340,7 @@ def test_exhaustive_beam_equals_brute_force():
 
 # ------------------------------------------------------------------------------- sampling
 def test_sampling_limits_and_reproducibility():
-    model = tiny(2)
+    model = shallow(2)
     greedy = np.asarray(decoding.greedy_decode(model, ENC, MAX).tokens)
     key = jax.random.key(42)
     # Gumbel noise is O(10); at temperature 1e-7 only logit gaps below ~1e-6 could flip.

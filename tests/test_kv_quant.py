@@ -3,6 +3,8 @@ agreement with the float cache (greedy, sampling, beam search, the CPU step), an
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,8 +38,10 @@ def test_int8_round_trip_is_within_half_a_step_and_zeros_stay_zero():
     )
 
 
-@pytest.mark.parametrize("K", [4, 2, 1])
-def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K):
+@functools.partial(jax.jit, static_argnums=0)
+def attention_both_ways(K: int) -> tuple[jax.Array, jax.Array]:
+    """Attention on an int8 cache of K heads: on its scales, and on the cache dequantized (one
+    program, not one per eager op)."""
     kq, kk, kv_, kb = jax.random.split(jax.random.key(K), 4)
     B, N, S, H = 2, 4, 7, 8
     q = jax.random.normal(kq, (B, 1, N, H))
@@ -47,12 +51,30 @@ def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K):
     mask = jnp.arange(S)[None, None, :] < jnp.array([7, 4])[:, None, None]
     got = grouped_attention(q, k, v, bias=bias, mask=mask)
     want = grouped_attention(q, kv_quant.dequantize(k), kv_quant.dequantize(v), bias=bias, mask=mask)
+    return got, want
+
+
+@pytest.mark.parametrize("K", [4, 2, 1])
+def test_attention_on_scales_equals_attention_on_the_dequantized_cache(K):
+    got, want = attention_both_ways(K)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def tiny(num_kv: int) -> T5:
+    """One encoder and one decoder layer: every layer's cache is quantized alike (half the compile)."""
+    config = preset("tiny", vocab_size=V, num_kv_heads=num_kv, num_encoder_layers=1, num_decoder_layers=1)
+    return T5(config, rngs=nnx.Rngs(0))
+
+
+@nnx.jit
+def logprobs(model: T5, enc: jax.Array, seqs: jax.Array) -> jax.Array:
+    """Teacher-forced log-probabilities of ``seqs``: one program, not one per eager op."""
+    return jax.nn.log_softmax(model(enc, shift_right(seqs)))
 
 
 @pytest.fixture(scope="module", params=[4, 2, 1], ids=["mha", "gqa2", "mqa"])
 def model(request):
-    return T5(preset("tiny", vocab_size=V, num_kv_heads=request.param), rngs=nnx.Rngs(0))
+    return tiny(request.param)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "float8_e4m3fn"])
@@ -81,7 +103,7 @@ def test_quantized_cache_decodes_like_the_float_cache_and_its_bytes_are_the_form
 
 @pytest.fixture(scope="module")
 def gqa():
-    return T5(preset("tiny", vocab_size=V, num_kv_heads=2), rngs=nnx.Rngs(0))
+    return tiny(2)
 
 
 def test_quantized_cache_in_sampling_beam_search_and_a_plain_dtype(gqa):
@@ -98,7 +120,7 @@ def test_quantized_cache_in_sampling_beam_search_and_a_plain_dtype(gqa):
     # itself may differ: a near tie can let another candidate finish)
     for w in range(2):
         seqs, lengths = jnp.asarray(beams.tokens[:, w]), np.asarray(beams.lengths[:, w])
-        logp = jax.nn.log_softmax(model(jnp.asarray(ENC), shift_right(seqs)))
+        logp = logprobs(model, jnp.asarray(ENC), seqs)
         picked = np.take_along_axis(np.asarray(logp), np.asarray(seqs)[..., None], -1)[..., 0]
         summed = np.array([picked[r, : lengths[r]].sum() for r in range(len(ENC))])
         want = summed / np.asarray(length_penalty(jnp.asarray(lengths), 0.6))

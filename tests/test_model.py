@@ -8,7 +8,7 @@ from flax import nnx
 
 from gqa_jax.config import ATTENTION_KINDS, preset
 from gqa_jax.data.pipeline import shift_right
-from gqa_jax.model import T5, abstract
+from gqa_jax.model import T5, abstract, build
 
 ENC = jnp.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0], [14, 15, 0, 0, 0, 0]])
 DEC = jnp.array([[0, 3, 4, 5], [0, 6, 7, 8], [0, 9, 10, 11]])
@@ -191,37 +191,51 @@ def test_abstract_gives_a_fresh_module_each_call_and_build_fills_it():
     )
 
 
-def test_remat_policies_and_scanned_layers_give_the_plain_loss_and_gradients():
+def loss_of(base, params, dropout=0.0, grads=True, **options):
+    """The remat test's loss (and its gradients) of ``base`` with these options, jitted whole."""
     enc = jnp.asarray(np.random.default_rng(0).integers(2, 100, (2, 10)))
     dec = jnp.asarray(np.random.default_rng(1).integers(2, 100, (2, 6)))
-    base = preset("tiny", num_encoder_layers=2, num_decoder_layers=2, num_kv_heads=2)
-    params = nnx.split(T5(base, rngs=nnx.Rngs(0)), nnx.Param)[1]  # one set of weights for all
+    graphdef = nnx.split(abstract(base.replace(dropout_rate=dropout, **options)), nnx.Param)[0]
 
-    def loss_and_grads(dropout=0.0, **options):
-        graphdef = nnx.split(abstract(base.replace(dropout_rate=dropout, **options)), nnx.Param)[0]
+    def loss(params):
+        rngs = nnx.Rngs(dropout=7) if dropout else None  # the recomputation draws the same masks
+        logits = nnx.merge(graphdef, params)(enc, dec, rngs=rngs)
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 3])
 
-        def loss(params):
-            rngs = nnx.Rngs(dropout=7) if dropout else None  # the recomputation draws the same masks
-            logits = nnx.merge(graphdef, params)(enc, dec, rngs=rngs)
-            return jnp.mean(jax.nn.log_softmax(logits)[..., 3])
+    return jax.jit(jax.value_and_grad(loss) if grads else loss)(params)
 
-        return jax.jit(jax.value_and_grad(loss))(params)
 
-    cases = [(0.0, {"remat": r}) for r in ("full", "save_dots", "save_dots_no_batch")]
+def test_remat_policies_and_scanned_layers_give_the_plain_loss_and_gradients():
+    """Remat wraps each layer alone: its policies, with and without dropout, are compared on one
+    encoder and one decoder layer (a smaller compile); scanning stacks the layers: on two of each."""
+    deep = preset("tiny", num_kv_heads=2)  # two encoder and two decoder layers
+    shallow = deep.replace(num_encoder_layers=1, num_decoder_layers=1)
+    model = T5(deep, rngs=nnx.Rngs(0))
+    first = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for stack in ("encoder", "decoder"):  # the shallow model: the deep one's first layers
+        first[stack]["layers"] = {0: first[stack]["layers"][0]}
+    params = {  # one set of weights per depth for all its cases
+        deep: nnx.split(model, nnx.Param)[1],
+        shallow: nnx.split(build(shallow, first), nnx.Param)[1],
+    }
+    cases = [(shallow, 0.0, {"remat": r}) for r in ("full", "save_dots", "save_dots_no_batch")]
     cases += [
-        (0.0, {"scan_layers": True}),
-        (0.0, {"scan_layers": True, "remat": "full"}),
-        (0.3, {"remat": "full"}),
+        (deep, 0.0, {"scan_layers": True}),
+        (deep, 0.0, {"scan_layers": True, "remat": "full"}),
+        (shallow, 0.3, {"remat": "full"}),
     ]
-    plain = {0.0: loss_and_grads(), 0.3: loss_and_grads(0.3)}
-    for dropout, options in cases:
-        (loss, grads), (got_loss, got_grads) = plain[dropout], loss_and_grads(dropout, **options)
+    plain = {(b, d): loss_of(b, params[b], d) for b, d in ((shallow, 0.0), (shallow, 0.3), (deep, 0.0))}
+    for base, dropout, options in cases:
+        (loss, grads), (got_loss, got_grads) = (
+            plain[base, dropout],
+            loss_of(base, params[base], dropout, **options),
+        )
         assert float(got_loss) == pytest.approx(float(loss), abs=1e-5), options
         for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(grads), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, err_msg=str(options))
     # scanned with dropout: each layer's key comes from one split, so other masks than the loop's
-    scanned = float(loss_and_grads(0.3, scan_layers=True)[0])
-    assert np.isfinite(scanned) and scanned != float(plain[0.3][0])
+    scanned = float(loss_of(shallow, params[shallow], 0.3, grads=False, scan_layers=True))
+    assert np.isfinite(scanned) and scanned != float(plain[shallow, 0.3][0])
     with pytest.raises(ValueError, match=r"remat='everything'; known: \['none', 'full', 'save_dots'"):
         preset("tiny", remat="everything")
     with pytest.raises(ValueError, match="scan_layers='yes' must be True or False"):

@@ -4,7 +4,6 @@ or two runs at a time. Every stage kind, SIGKILL and rerun: tests/test_mini.py (
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,15 +48,9 @@ def test_a_failed_dependency_stops_only_its_branch(tmp_path, jobs, capsys, monke
     file = tmp_path / "failing.py"
     file.write_text(FAILING_SWEEP)
     root = tmp_path / "root"
-    if jobs == 2:  # the failing child real again; the time run's real child ran with jobs=1
-        fake = popen_leaving_outputs([], load_sweep(file))
-
-        def popen(argv, log, env, server):
-            if "convert" not in argv:
-                return fake(argv, log, env, server)
-            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-
-        monkeypatch.setattr(scheduler, "_popen", popen)
+    if jobs == 2:  # fake children: the real ones ran with jobs=1 (the failing one prints its line)
+        fail = {"bad": "python -m gqa_jax convert: error: source /no/such/checkpoint does not exist"}
+        monkeypatch.setattr(scheduler, "_popen", popen_leaving_outputs([], load_sweep(file), fail=fail))
     # `python -m gqa_jax sweep` in this process (its runs in their own, as ever)
     assert cli.main(["sweep", str(file), "--root", str(root), "--jobs", str(jobs)]) == 1
     log = capsys.readouterr().err

@@ -85,7 +85,8 @@ def test_given_batch_writes_every_field_and_refuses_to_overwrite(tmp_path, capsy
 
 
 def test_a_checkpoint_timed_with_an_int8_cache_records_it(tmp_path):
-    ckpt = checkpoints.save(model_lib.build(preset("tiny", num_kv_heads=2), seed=3), tmp_path / "ckpt")
+    shallow = preset("tiny", num_kv_heads=2, num_encoder_layers=1, num_decoder_layers=1)  # half the compile
+    ckpt = checkpoints.save(model_lib.build(shallow, seed=3), tmp_path / "ckpt")
     argv = ["--workdir", str(tmp_path / "t"), "--model", str(ckpt), "--batch", "2", "--cache-dtype", "int8"]
     assert time_cli.run(parse([*argv, *SHAPE])) == 0
     record = json.loads((tmp_path / "t" / "timing.json").read_text())
@@ -120,12 +121,13 @@ def test_batch_auto_searches_the_largest_batch_that_fits_below_the_cap(tmp_path)
 
 
 def test_a_checkpoint_is_timed_with_its_own_config(tmp_path):
-    ckpt = checkpoints.save(model_lib.build(preset("tiny", num_kv_heads=1), seed=3), tmp_path / "ckpt")
+    """K = 2 from the checkpoint, not the preset's 4 (the shapes of the first test: its programs)."""
+    ckpt = checkpoints.save(model_lib.build(preset("tiny", num_kv_heads=2), seed=3), tmp_path / "ckpt")
     args = parse(["--workdir", str(tmp_path / "t"), "--model", str(ckpt), "--batch", "2", *SHAPE])
     assert time_cli.run(args) == 0
     record = json.loads((tmp_path / "t" / "timing.json").read_text())
     assert record["weights"] == str(ckpt) and record["preset"] == "tiny"
-    assert (record["num_heads"], record["num_kv_heads"], record["batch_rule"]) == (4, 1, "given")
+    assert (record["num_heads"], record["num_kv_heads"], record["batch_rule"]) == (4, 2, "given")
     with pytest.raises(ValueError, match="--num-kv-heads applies to --preset only"):
         td.measure_t_infer(settings(tmp_path / "u", preset=None, model=str(ckpt), num_kv_heads=2))
 

@@ -16,6 +16,10 @@ from gqa_jax.data import pipeline as pipeline_lib
 from gqa_jax.errors import RunError
 from gqa_jax.model import T5
 
+# One encoder and one decoder layer where the depth is not what a test checks: half the compile.
+ONE_LAYER = {"num_encoder_layers": 1, "num_decoder_layers": 1}
+SHALLOW = {f"model.{k}": v for k, v in ONE_LAYER.items()}  # as tiny_config's fields
+
 
 def toy_batch(B=8, S=12, T=6, V=128, seed=0):
     rng = np.random.default_rng(seed)
@@ -60,7 +64,7 @@ def test_schedules():
 
 
 def test_accumulation_matches_one_batch_and_loss_falls():
-    model = T5(preset("tiny"), rngs=nnx.Rngs(0))
+    model = T5(preset("tiny", **ONE_LAYER), rngs=nnx.Rngs(0))
     graphdef, _ = training.split_model(model)
     opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))
     batch = toy_batch()
@@ -106,7 +110,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(small_vocab, tmp_pat
         return batch
 
     monkeypatch.setattr(pipeline_lib.BatchIterator, "__next__", poisoned)
-    config = tiny_config(small_vocab.path, tmp_path, num_train_steps=5, checkpoint_every=2)
+    config = tiny_config(small_vocab.path, tmp_path, num_train_steps=5, checkpoint_every=2, **SHALLOW)
     with tfds.testing.mock_data(num_examples=16), pytest.raises(FloatingPointError, match="at step 3"):
         training.train(config, tmp_path / "run")
     report = json.loads((tmp_path / "run" / "nan_step_3.json").read_text())
@@ -119,7 +123,7 @@ def test_nan_guard_stops_and_keeps_the_last_good_checkpoint(small_vocab, tmp_pat
 
 
 def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab, tmp_path, capsys):
-    config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2)
+    config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2, **SHALLOW)
     run = tmp_path / "run"
     with tfds.testing.mock_data(num_examples=16):
         training.train(config, run)
@@ -127,7 +131,7 @@ def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab,
         for f in (run / "checkpoints" / "4" / "state").rglob("*"):
             if f.is_file():
                 f.write_bytes(b"garbage")
-        config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2)
+        config = tiny_config(small_vocab.path, tmp_path, num_train_steps=4, checkpoint_every=2, **SHALLOW)
         capsys.readouterr()
         training.train(config, run)
     assert any(
@@ -144,13 +148,15 @@ def test_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes(small_vocab,
 def test_restart_with_a_different_config_is_refused(small_vocab, tmp_path):
     run = tmp_path / "run"
     with tfds.testing.mock_data(num_examples=8):
-        training.train(tiny_config(small_vocab.path, tmp_path, num_train_steps=1), run)
+        training.train(tiny_config(small_vocab.path, tmp_path, num_train_steps=1, **SHALLOW), run)
         with pytest.raises(RunError, match="different config.*batch_size"):
-            training.train(tiny_config(small_vocab.path, tmp_path, num_train_steps=2, batch_size=8), run)
+            training.train(
+                tiny_config(small_vocab.path, tmp_path, num_train_steps=2, batch_size=8, **SHALLOW), run
+            )
 
 
 def test_uptraining_converts_then_runs_alpha_times_original_steps(small_vocab, tmp_path):
-    cfg = preset("tiny", vocab_size=small_vocab.vocab_size)
+    cfg = preset("tiny", vocab_size=small_vocab.vocab_size, **ONE_LAYER)  # the run takes its shape
     source = checkpoints.save(T5(cfg, rngs=nnx.Rngs(1)), tmp_path / "mha")
     config = tiny_config(
         small_vocab.path,
@@ -267,7 +273,7 @@ def test_a_config_trains_a_shape_of_its_own(small_vocab, tmp_path):
 
 
 def test_bfloat16_activations_with_float32_params_train():
-    cfg = preset("tiny", dtype="bfloat16", param_dtype="float32")
+    cfg = preset("tiny", dtype="bfloat16", param_dtype="float32", **ONE_LAYER)
     model = T5(cfg, rngs=nnx.Rngs(0))
     graphdef, _ = training.split_model(model)
     opt = training.make_optimizer(training.OptimizerConfig("constant", learning_rate=1e-2))

@@ -2,24 +2,26 @@
 and what they compare: the logged metrics, and a checkpoint's state read back as numpy arrays."""
 
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+PRETRAIN = str(Path(__file__).resolve().parents[1] / "configs" / "pretrain.py")
 N = 2  # checkpoint every N steps
 COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "learning_rate")
 
 
 def command(workdir, data, vocab, steps):
     """``python -m gqa_jax train`` of a tiny pre-training run on the suite's subset (one encoder and
-    one decoder layer: half the tiny preset's programs to compile; what is checked holds at any
-    depth)."""
+    one decoder layer at 64 input tokens: half the tiny preset's programs to compile, and less
+    data to pack; what is checked holds at any depth and length)."""
     return [
-        sys.executable, "-m", "gqa_jax", "train", "--config", "configs/pretrain.py",
+        sys.executable, "-m", "gqa_jax", "train", "--config", PRETRAIN,
         "--workdir", str(workdir),
         f"--config.data_dir={data}", f"--config.vocab={vocab}", "--config.batch_size=4",
-        "--config.input_length=128", f"--config.num_train_steps={steps}", f"--config.checkpoint_every={N}",
+        "--config.input_length=64", f"--config.num_train_steps={steps}", f"--config.checkpoint_every={N}",
         "--config.log_every=1", "--config.eval_every=-1", "--config.progress=False",
         "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
     ]  # fmt: skip

@@ -15,13 +15,13 @@ COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "
 
 def command(workdir, data, vocab, steps):
     """``python -m gqa_jax train`` of a tiny pre-training run on the suite's subset (one encoder and
-    one decoder layer at 64 input tokens: half the tiny preset's programs to compile, and less
-    data to pack; what is checked holds at any depth and length)."""
+    one decoder layer: half the tiny preset's programs to compile; what is checked holds at any
+    depth)."""
     return [
         sys.executable, "-m", "gqa_jax", "train", "--config", PRETRAIN,
         "--workdir", str(workdir),
         f"--config.data_dir={data}", f"--config.vocab={vocab}", "--config.batch_size=4",
-        "--config.input_length=64", f"--config.num_train_steps={steps}", f"--config.checkpoint_every={N}",
+        "--config.input_length=128", f"--config.num_train_steps={steps}", f"--config.checkpoint_every={N}",
         "--config.log_every=1", "--config.eval_every=-1", "--config.progress=False",
         "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
     ]  # fmt: skip

@@ -81,7 +81,7 @@ def start() -> str:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
-        server.daemon = True  # the test process exits without stopping it
+        server._api.daemon = True  # its thread: the test process exits without stopping it
         server.start()
         _STARTED["url"] = f"http://127.0.0.1:{port}"
         os.environ.update(environment(_STARTED["url"]))

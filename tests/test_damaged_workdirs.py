@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from test_run_dirs import PRETRAIN, flags, one_line_error, snapshot, steps_of
+from test_run_dirs import ONE_LAYER, PRETRAIN, flags, one_line_error, snapshot, steps_of
 
 from gqa_jax import __main__ as cli
 from gqa_jax import unreadable
@@ -19,10 +19,11 @@ from gqa_jax.training.workdir import truncate_metrics, write_record
 
 
 def train(capfd, workdir, vocab, data_dir, steps=2, **fields):
-    """``python -m gqa_jax train`` in this process -> (exit code, stderr lines)."""
+    """``python -m gqa_jax train`` (one encoder and one decoder layer) in this process -> (exit code,
+    stderr lines)."""
     with tfds.testing.mock_data(num_examples=16):
         code = cli.main(["train", "--config", PRETRAIN, "--workdir", str(workdir),
-                         *flags(vocab, data_dir, steps, **fields)])  # fmt: skip
+                         *flags(vocab, data_dir, steps, **ONE_LAYER, **fields)])  # fmt: skip
     return code, capfd.readouterr().err.strip().splitlines()
 
 

@@ -23,6 +23,9 @@ from gqa_jax.experiments import runner
 from gqa_jax.model import build, flat_params
 
 REPO = Path(__file__).resolve().parents[1]
+# One encoder and one decoder layer: fewer arrays, so fewer objects and requests on the fake GCS;
+# what is checked (where each byte goes, and that it reads back equal) holds at any depth.
+ONE_LAYER = {"num_encoder_layers": 1, "num_decoder_layers": 1}
 
 
 def test_local_paths_urls_and_refusals(tmp_path, monkeypatch):
@@ -74,14 +77,15 @@ def test_checkpoints_convert_and_train_on_gcs_write_nothing_local(small_vocab, t
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    model = build(preset("tiny", num_kv_heads=4))
+    model = build(preset("tiny", num_kv_heads=4, **ONE_LAYER))
     config = run_config.load(
         str(REPO / "configs" / "pretrain.py"),
         [f"--config.vocab={small_vocab.path}", f"--config.data_dir={tmp_path / 'data'}",
          "--config.task=c4_span", "--config.batch_size=4", "--config.input_length=64",
          "--config.log_every=1", "--config.progress=False", "--config.eval_every=-1",
          "--config.num_train_steps=2", "--config.checkpoint_every=1",
-         "--config.model.preset=tiny"],
+         "--config.model.preset=tiny", "--config.model.num_encoder_layers=1",
+         "--config.model.num_decoder_layers=1"],
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as guard:
         _no_local_urls(guard)
@@ -131,7 +135,7 @@ def test_every_loader_reads_a_checkpoint_on_gcs(tmp_path):
     """Ours, T5X legacy (zarr through TensorStore's gcs driver), T5X orbax and HF safetensors (byte
     ranges through epath) from gs://, each equal to the weights written."""
     bucket = fake_gcs.start()
-    source = build(preset("tiny", relative_attention_max_distance=128), seed=3)
+    source = build(preset("tiny", relative_attention_max_distance=128, **ONE_LAYER), seed=3)
     written = {
         "gqa_jax": checkpoints.save(source, tmp_path / "ours"),
         "t5x": write_legacy(tmp_path / "t5x", t5x_from_ours(source)),

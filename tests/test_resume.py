@@ -1,8 +1,10 @@
-"""Exact resume after SIGKILL: the end-to-end tests of `python -m gqa_jax train` (subprocesses).
+"""Exact resume after SIGKILL: the end-to-end test of ``train`` killed in real processes.
 
 A run killed at any point (before its first checkpoint, while a checkpoint is committed, while
-the final model is exported) and restarted ends with the metrics and the state of an
-uninterrupted run, bit for bit (CPU): parameters, optimizer state and every logged step."""
+the final model is exported; each kill a process of its own) and restarted ends with the metrics
+and the state of an uninterrupted run, bit for bit (CPU): parameters, optimizer state and every
+logged step. The uninterrupted run and the restart run in this process (``gqa_jax.__main__.main``:
+a process start costs seconds of imports, and they are not what is killed)."""
 
 import signal
 import subprocess
@@ -13,7 +15,9 @@ import jax
 import numpy as np
 from train_runs import COMPARED, N, command, restore_state
 
+from gqa_jax import __main__ as cli
 from gqa_jax import metric_writers
+from gqa_jax.data import stdlib_extract
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,19 +35,16 @@ def names(directory):
     return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
 
 
-def test_sigkill_anywhere_then_restart_continue_bitwise(suite_subset, small_vocab, tmp_path):
+def test_sigkill_anywhere_then_restart_continue_bitwise(suite_subset, small_vocab, tmp_path, capfd,
+                                                        monkeypatch):  # fmt: skip
     data, env = suite_subset
+    monkeypatch.setenv(stdlib_extract.MAX_FILES_ENV, "16")  # the subset, for the runs in this process
     full, killed = tmp_path / "full", tmp_path / "killed"
     total = 3 * N
-    # The uninterrupted run, side by side with the first killed one (compilation is mostly
-    # single-threaded, so the two share 2 cores well).
-    uninterrupted = subprocess.Popen(command(full, data, small_vocab.path, total), cwd=REPO, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    assert cli.main(command(full, data, small_vocab.path, total)[3:]) == 0  # the uninterrupted run
     # 1. before the first checkpoint (step 0's, written before anything trains)
     killed_at("save-start", 0, killed, data, small_vocab.path, total, env)
     assert names(killed / "checkpoints") == [] and not metric_writers.read_metrics(killed)
-    _, err = uninterrupted.communicate(timeout=600)
-    assert uninterrupted.returncode == 0, err.decode()[-3000:]
     # 2. while checkpoint 2N is committed: its files are written, it is not renamed into place
     err = killed_at("save-commit", 2 * N, killed, data, small_vocab.path, total, env)
     assert "taking over the stale lock" in err and "no longer runs" in err  # the killed run's lock
@@ -58,10 +59,11 @@ def test_sigkill_anywhere_then_restart_continue_bitwise(suite_subset, small_voca
     assert str(total) in names(killed / "checkpoints") and not (killed / "model").exists()
     assert any(n.startswith("model.tmp-") for n in names(killed))
     # 4. the restart resumes at the end, removes what the kills left, and exports
-    run = subprocess.run(command(killed, data, small_vocab.path, total), cwd=REPO, env=env, timeout=600,
-                         capture_output=True, text=True)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert f"resuming {killed} from step {total}" in run.stderr and "removed" in run.stderr
+    capfd.readouterr()
+    code = cli.main(command(killed, data, small_vocab.path, total)[3:])
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+    assert f"resuming {killed} from step {total}" in err and "removed" in err
     assert not any("tmp" in n for n in names(killed) + names(killed / "checkpoints"))
     assert not (killed / "lock.json").exists()
 

@@ -4,6 +4,7 @@ bad file is one line on stderr with exit code 2 and no traceback, and the workdi
 what it held (nothing lost, nothing duplicated, nothing left by a start that failed)."""
 
 import errno
+import functools
 import json
 import os
 import signal
@@ -27,6 +28,11 @@ from gqa_jax.training.workdir import FILES, FOLDERS
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN = str(REPO / "configs" / "pretrain.py")
+
+
+# The model of the tests that train: one encoder and one decoder layer (half the tiny preset's
+# programs to compile); what they check (the workdir, the lock, the signals) holds at any depth.
+ONE_LAYER = {"model.num_encoder_layers": 1, "model.num_decoder_layers": 1}
 
 
 def flags(vocab, data_dir, steps=3, **fields):
@@ -229,7 +235,8 @@ def test_restart_refusals_moves_aside_rollback_and_leftovers(capsys, small_vocab
     a failing restart leaves every byte as it was; a truncated config.json is named; what a
     killed export left is removed; a full disk mid-run is one line and the run resumes."""
     wd, data = tmp_path / "run", tmp_path / "data"
-    code, lines = train(capsys, wd, small_vocab.path, data)
+    run = functools.partial(train, capsys, wd, small_vocab.path, data, **ONE_LAYER)
+    code, lines = run()
     assert code == 0, lines
     assert steps_of(wd) == [1, 2, 3] and not (wd / "lock.json").exists()
 
@@ -238,7 +245,7 @@ def test_restart_refusals_moves_aside_rollback_and_leftovers(capsys, small_vocab
         for f in (ckpt / "state").rglob("*"):
             if f.is_file():
                 f.write_bytes(b"garbage")
-    code, lines = train(capsys, wd, small_vocab.path, data)
+    code, lines = run()
     one_line_error(
         code,
         lines,
@@ -248,7 +255,7 @@ def test_restart_refusals_moves_aside_rollback_and_leftovers(capsys, small_vocab
     )
     assert len(list((wd / "corrupt_checkpoints").iterdir())) == 3 and steps_of(wd) == [1, 2, 3]
     before = snapshot(wd)
-    code, lines = train(capsys, wd, small_vocab.path, data, restart_from_scratch=True)
+    code, lines = run(restart_from_scratch=True)
     assert code == 0, lines
     assert steps_of(wd) == [1, 2, 3]  # the new run's steps, once
     [previous] = (wd / "previous").iterdir()
@@ -265,14 +272,14 @@ def test_restart_refusals_moves_aside_rollback_and_leftovers(capsys, small_vocab
 
     with monkeypatch.context() as m:
         m.setattr(pipeline_lib, "make_pipeline", broken_pipeline)
-        code, lines = train(capsys, wd, small_vocab.path, data, steps=5)  # config.json would say 5
+        code, lines = run(steps=5)  # config.json would say 5
     one_line_error(code, lines, "the data is gone")
     assert snapshot(wd) == before
 
     # a killed export's leftovers are removed by the next run that owns the workdir
     (wd / "model.tmp-0123abcd").mkdir()
     (wd / "model.tmp-0123abcd" / "config.json").write_text("{}")
-    code, lines = train(capsys, wd, small_vocab.path, data)
+    code, lines = run()
     assert code == 0 and any("removed" in line and "model.tmp-0123abcd" in line for line in lines), lines
     assert not (wd / "model.tmp-0123abcd").exists() and steps_of(wd) == [1, 2, 3]
 
@@ -281,14 +288,13 @@ def test_restart_refusals_moves_aside_rollback_and_leftovers(capsys, small_vocab
     # a truncated config.json is named, and nothing changes
     (wd / "config.json").write_text((wd / "config.json").read_text()[:50])
     before = snapshot(wd)
-    one_line_error(
-        *train(capsys, wd, small_vocab.path, data, steps=5), f"{wd / 'config.json'} cannot be read"
-    )
+    one_line_error(*run(steps=5), f"{wd / 'config.json'} cannot be read")
     assert snapshot(wd) == before
 
 
 def test_full_disk_sigterm_and_ctrl_c_during_a_save_stop_cleanly(capsys, small_vocab, tmp_path, monkeypatch):
     wd, data = tmp_path / "run", tmp_path / "data"
+    run = functools.partial(train, capsys, wd, small_vocab.path, data, **ONE_LAYER)
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     write = metric_writers.MetricWriter.write
 
@@ -299,7 +305,7 @@ def test_full_disk_sigterm_and_ctrl_c_during_a_save_stop_cleanly(capsys, small_v
 
     with monkeypatch.context() as m:
         m.setattr(metric_writers.MetricWriter, "write", full_at_step_2)
-        code, lines = train(capsys, wd, small_vocab.path, data, steps=6)
+        code, lines = run(steps=6)
     one_line_error(code, lines, "No space left on device", "metrics.jsonl", "free some space")
     assert steps_of(wd) == [1] and (wd / "checkpoints" / "0").is_dir() and not (wd / "lock.json").exists()
 
@@ -310,7 +316,7 @@ def test_full_disk_sigterm_and_ctrl_c_during_a_save_stop_cleanly(capsys, small_v
 
     with monkeypatch.context() as m:
         m.setattr(metric_writers.MetricWriter, "write", term_at_step_3)
-        code, lines = train(capsys, wd, small_vocab.path, data, steps=6)
+        code, lines = run(steps=6)
     assert code == 128 + signal.SIGTERM and not any("Traceback" in line for line in lines), lines
     assert lines[-1].endswith(
         "stopped at step 3 on SIGTERM (checkpoint 3 is saved); resume with the same command"
@@ -326,10 +332,10 @@ def test_full_disk_sigterm_and_ctrl_c_during_a_save_stop_cleanly(capsys, small_v
 
     with monkeypatch.context() as m:
         m.setattr(ocp.CheckpointManager, "save", ctrl_c_during_save)
-        code, lines = train(capsys, wd, small_vocab.path, data, steps=6)
+        code, lines = run(steps=6)
     assert code == 128 + signal.SIGINT and not any("Traceback" in line for line in lines), lines
     assert "stopped at step 4 on SIGINT (checkpoint 4 is saved)" in lines[-1]
-    code, lines = train(capsys, wd, small_vocab.path, data, steps=6)
+    code, lines = run(steps=6)
     assert code == 0 and any("from step 4" in line for line in lines), lines
     assert steps_of(wd) == [1, 2, 3, 4, 5, 6]
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back
@@ -352,33 +358,39 @@ def test_leftovers_of_a_killed_save_are_tidied(tmp_path):
     checkpoints.load(dst)
 
 
-def test_a_second_run_is_refused_and_sigint_stops_the_first(suite_subset, small_vocab, tmp_path):
+def test_a_second_run_is_refused_and_sigint_stops_the_first(capsys, suite_subset, small_vocab, tmp_path,
+                                                             monkeypatch):  # fmt: skip
+    """A ``python -m gqa_jax train`` process holds the lock: the same command in this process is
+    refused, SIGINT stops the process at a saved checkpoint, and the command resumes from it."""
+    from gqa_jax.data import stdlib_extract
+
     data, env = suite_subset
+    monkeypatch.setenv(stdlib_extract.MAX_FILES_ENV, "16")  # the subset, for the runs in this process
     wd = tmp_path / "run"
 
-    def command(steps):
+    def argv(steps):
         return [
-            sys.executable, "-m", "gqa_jax", "train", "--config", "configs/pretrain.py", "--workdir", str(wd),
+            "train", "--config", PRETRAIN, "--workdir", str(wd),
             f"--config.data_dir={data}", f"--config.vocab={small_vocab.path}", "--config.batch_size=4",
-            "--config.input_length=128", f"--config.num_train_steps={steps}",
+            "--config.input_length=64", f"--config.num_train_steps={steps}",
             "--config.checkpoint_every=1000",
             "--config.log_every=1", "--config.eval_every=-1", "--config.progress=False",
+            *(f"--config.{k}={v}" for k, v in ONE_LAYER.items()),
         ]  # fmt: skip
 
     first = subprocess.Popen(
-        command(10_000), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+        [sys.executable, "-m", "gqa_jax", *argv(10_000)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
     try:
         deadline = time.time() + 300
         while len(steps_of(wd) if (wd / "metrics.jsonl").is_file() else []) < 2:
             assert first.poll() is None, first.stderr.read().decode()[-3000:]
             assert time.time() < deadline
             time.sleep(0.05)
-        second = subprocess.run(
-            command(10_000), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-        )
-        lines = second.stderr.strip().splitlines()
-        one_line_error(second.returncode, lines, f"workdir {wd} is in use by pid {first.pid}", "lock.json")
+        code = cli.main(argv(10_000))  # the second run
+        lines = capsys.readouterr().err.strip().splitlines()
+        one_line_error(code, lines, f"workdir {wd} is in use by pid {first.pid}", "lock.json")
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=300)
     finally:
@@ -391,11 +403,10 @@ def test_a_second_run_is_refused_and_sigint_stops_the_first(suite_subset, small_
     assert sorted(p.name for p in (wd / "checkpoints").iterdir()) == ["0", str(stopped)]
     assert json.loads((wd / "config.json").read_text())["num_train_steps"] == 10_000
 
-    resumed = subprocess.run(
-        command(stopped + 2), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"from step {stopped}" in resumed.stderr
+    code = cli.main(argv(stopped + 2))  # resumed
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert f"from step {stopped}" in err
     assert steps_of(wd) == list(range(1, stopped + 3))
 
 
@@ -413,7 +424,8 @@ def test_fine_tuning_keeps_the_last_checkpoints_and_the_best_scored_one(capsys, 
                      "--config.batch_size=4", "--config.input_length=64", "--config.target_length=16",
                      "--config.num_train_steps=6", "--config.checkpoint_every=1", "--config.eval_every=3",
                      "--config.eval_examples=4", "--config.eval_batch_size=4", "--config.keep_checkpoints=2",
-                     "--config.progress=False", "--noconfig.eval_at_start"])  # fmt: skip
+                     "--config.progress=False", "--noconfig.eval_at_start",
+                     *(f"--config.{k}={v}" for k, v in ONE_LAYER.items())])  # fmt: skip
     assert code == 0, capsys.readouterr().err[-3000:]
     best = json.loads((wd / "summary.json").read_text())["best_step"]
     scores = {r["step"]: r["eval/rouge1"] for r in metric_writers.read_metrics(wd / "metrics.jsonl")

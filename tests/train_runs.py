@@ -2,11 +2,13 @@
 and what they compare: the logged metrics, and a checkpoint's state read back as numpy arrays."""
 
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+PRETRAIN = str(Path(__file__).resolve().parents[1] / "configs" / "pretrain.py")
 N = 2  # checkpoint every N steps
 COMPARED = ("loss", "z_loss", "accuracy", "grad_norm", "param_norm", "tokens", "learning_rate")
 
@@ -16,7 +18,7 @@ def command(workdir, data, vocab, steps):
     one decoder layer: half the tiny preset's programs to compile; what is checked holds at any
     depth)."""
     return [
-        sys.executable, "-m", "gqa_jax", "train", "--config", "configs/pretrain.py",
+        sys.executable, "-m", "gqa_jax", "train", "--config", PRETRAIN,
         "--workdir", str(workdir),
         f"--config.data_dir={data}", f"--config.vocab={vocab}", "--config.batch_size=4",
         "--config.input_length=128", f"--config.num_train_steps={steps}", f"--config.checkpoint_every={N}",

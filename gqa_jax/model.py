@@ -421,7 +421,9 @@ def build(config: ModelConfig, params: Any = None, *, seed: int = 0) -> T5:
     check_params(flat, config, "params")
     model = abstract(config)
     state = nnx.state(model, nnx.Param)
-    arrays = {p: jax.device_put(v) for p, v in flat.items()}  # no program per shape, as jnp.asarray's
+    # host arrays placed without a program per shape (jnp.asarray compiles one); jax arrays, a
+    # loader's global ones across processes among them, as they are
+    arrays = {p: v if isinstance(v, jax.Array) else jax.device_put(v) for p, v in flat.items()}
     nnx.replace_by_pure_dict(state, traversals.unflatten_mapping(arrays))
     nnx.update(model, state)
     return model

@@ -23,6 +23,7 @@ from flax import nnx
 from gqa_jax import __main__ as cli
 from gqa_jax import checkpoints, file_lock, metric_writers
 from gqa_jax.config import preset
+from gqa_jax.data import stdlib_extract
 from gqa_jax.model import T5
 from gqa_jax.training.workdir import FILES, FOLDERS
 
@@ -362,8 +363,6 @@ def test_a_second_run_is_refused_and_sigint_stops_the_first(capsys, suite_subset
                                                              monkeypatch):  # fmt: skip
     """A ``python -m gqa_jax train`` process holds the lock: the same command in this process is
     refused, SIGINT stops the process at a saved checkpoint, and the command resumes from it."""
-    from gqa_jax.data import stdlib_extract
-
     data, env = suite_subset
     monkeypatch.setenv(stdlib_extract.MAX_FILES_ENV, "16")  # the subset, for the runs in this process
     wd = tmp_path / "run"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gqa_jax.attention import Attention, grouped_attention
+from gqa_jax.attention import ONE_HEAD_AT_A_TIME_BELOW, Attention, grouped_attention
 from gqa_jax.config import preset
 
 B, T, S, N, H = 2, 3, 5, 8, 4
@@ -170,8 +170,6 @@ def test_the_decode_kernel_is_fixed_when_the_model_is_built():
         DecodeConfig(max_decode_len=2, kernel="pallas")
     # the one size that selects a loop order: groups of fewer than ONE_HEAD_AT_A_TIME_BELOW query
     # heads one head at a time under the CPU kernel, larger groups (and the einsum kernel) all at once
-    from gqa_jax.attention import ONE_HEAD_AT_A_TIME_BELOW, Attention
-
     for kernel, G, one in (("cpu", 4, True), ("cpu", 8, False), ("einsum", 4, False), ("cpu", 1, True)):
         attn = Attention(preset("tiny", num_heads=8), 8 // G, rngs=nnx.Rngs(0), kernel=kernel)
         assert attn.one_head_at_a_time == one and (G < ONE_HEAD_AT_A_TIME_BELOW) == (G <= 4), (kernel, G)

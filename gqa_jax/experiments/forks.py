@@ -14,6 +14,7 @@ after ``python -m gqa_jax``); the server answers ``{"pid": PID}`` once the child
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -178,6 +179,11 @@ def serve() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     metric_writers.load_tensorboardx()
+    # What the preload made lives as long as the server and its children: out of the garbage
+    # collector's sight (Python's advice for a fork without exec), a child's collections, its
+    # last one at exit among them, no longer walk (and so copy) the server's memory. A quick-scale
+    # evaluate run: 1.6 -> 1.1 s.
+    gc.freeze()
     os.set_blocking(0, False)
     buffer = b""
     while True:

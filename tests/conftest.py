@@ -14,6 +14,7 @@ are not tests), and docs/results/testing.md has what each saved:
 """
 
 import fcntl
+import gc
 import json
 import os
 import shutil
@@ -43,6 +44,10 @@ FAST_COMPILE = (
 
 
 def pytest_configure(config):
+    # Importing the test files (jax, flax, orbax, ...) makes millions of objects that live as long as
+    # the process: no garbage collection walks them, neither while they are made (collection: 9.2 ->
+    # 5.4 s of CPU per process) nor during the tests (``pytest_collection_finish``: frozen).
+    gc.disable()
     # In the controller (or a run without xdist), before any worker starts or jax compiles:
     # the workers and their subprocesses inherit the environment. Flags and a cache the user set
     # are kept.
@@ -186,6 +191,8 @@ def _costs():
 
 
 def pytest_collection_finish(session):
+    gc.freeze()  # what the test files imported (pytest_configure)
+    gc.enable()
     if costs := _costs():
         costs.flush("(collection)")
 

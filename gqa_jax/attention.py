@@ -24,7 +24,7 @@ from flax import nnx
 
 from gqa_jax import kv_quant
 from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, ModelConfig
-from gqa_jax.layers import dropout, dtype_of, fan_in_init, project
+from gqa_jax.layers import Rngs, dropout, dtype_of, fan_in_init, project
 from gqa_jax.sharding import constrain
 
 Array = jax.Array
@@ -48,7 +48,7 @@ def grouped_attention(
     bias: Array | None = None,
     mask: Array | None = None,
     dropout_rate: float = 0.0,
-    rngs: nnx.Rngs | None = None,
+    rngs: Rngs | None = None,
     one_head_at_a_time: bool = False,
 ) -> Array:
     """Attention of N query heads over K shared K/V heads.
@@ -167,7 +167,7 @@ class Attention(nnx.Module):
         *,
         bias: Array | None = None,
         mask: Array | None = None,
-        rngs: nnx.Rngs | None = None,
+        rngs: Rngs | None = None,
     ) -> Array:
         """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
         if self.cached:  # rows and heads as the cache holds them (a no-op off a split decode mesh)
@@ -188,7 +188,7 @@ class Attention(nnx.Module):
         *,
         bias: Array | None = None,
         mask: Array | None = None,
-        rngs: nnx.Rngs | None = None,
+        rngs: Rngs | None = None,
     ) -> Array:
         """Full (uncached) attention: ``x_q [B, T, D]`` attends over ``x_kv [B, S, D]``."""
         k, v = self.project_kv(x_kv)

@@ -42,7 +42,18 @@ from flax.nnx import traversals
 from gqa_jax import cache
 from gqa_jax.attention import Attention
 from gqa_jax.config import EINSUM_KERNEL, ModelConfig
-from gqa_jax.layers import MLP, Embed, RelativePositionBias, RMSNorm, dropout, dtype_of, fan_in_init, project
+from gqa_jax.layers import (
+    MLP,
+    DropoutKeys,
+    Embed,
+    RelativePositionBias,
+    RMSNorm,
+    Rngs,
+    dropout,
+    dtype_of,
+    fan_in_init,
+    project,
+)
 from gqa_jax.sharding import constrain
 
 Array = jax.Array
@@ -66,7 +77,7 @@ def _rematerialized(call: Any, remat: str) -> Any:
 
 
 def _run_layers(
-    layers: Any, call: Any, carry: Any, per_layer: list, rngs: nnx.Rngs | None, *, remat: str, scan: bool
+    layers: Any, call: Any, carry: Any, per_layer: list, rngs: Rngs | None, *, remat: str, scan: bool
 ) -> tuple[Any, list]:
     """``carry, out_i = call(layer_i, carry, per_layer[i], rngs)`` for each layer in order; returns
     ``(carry, [out_i])``. ``remat`` wraps each call in ``jax.checkpoint`` with that policy. ``scan``
@@ -87,7 +98,7 @@ def _run_layers(
     def body(carry: Any, xs: Any) -> tuple[Any, Any]:
         state, layer_inputs, key = xs
         return call(
-            nnx.merge(graphdef, state), carry, layer_inputs, None if key is None else nnx.Rngs(dropout=key)
+            nnx.merge(graphdef, state), carry, layer_inputs, None if key is None else DropoutKeys(key)
         )
 
     if remat != "none":
@@ -104,7 +115,7 @@ class EncoderLayer(nnx.Module):
         self.mlp = MLP(config, rngs=rngs)
         self.rate = config.dropout_rate
 
-    def __call__(self, x: Array, *, bias: Array, mask: Array, rngs: nnx.Rngs | None) -> Array:
+    def __call__(self, x: Array, *, bias: Array, mask: Array, rngs: Rngs | None) -> Array:
         """``x [B, S, D]``, ``bias [N, S, S]``, ``mask [B, 1, S]`` -> ``[B, S, D]``."""
         h = self.attn_norm(x)
         x = x + dropout(self.attn(h, h, bias=bias, mask=mask, rngs=rngs), self.rate, rngs)
@@ -134,7 +145,7 @@ class DecoderLayer(nnx.Module):
         self_kv: tuple[Array, Array] | None = None,
         index: Array | None = None,
         form: cache.CacheForm = cache.OUR_FORM,
-        rngs: nnx.Rngs | None = None,
+        rngs: Rngs | None = None,
     ) -> tuple[Array, tuple[Array, Array]]:
         """One decoder layer, teacher-forced or cached (the same code for both).
 
@@ -175,7 +186,7 @@ class Encoder(nnx.Module):
         self.rate = config.dropout_rate
         self.remat, self.scan = config.remat, config.scan_layers
 
-    def __call__(self, x: Array, mask: Array, *, rngs: nnx.Rngs | None = None) -> Array:
+    def __call__(self, x: Array, mask: Array, *, rngs: Rngs | None = None) -> Array:
         """Embedded inputs ``x [B, S, D]``, key mask ``[B, S]`` (or a full ``[B, S, S]`` mask)
         -> encoded ``[B, S, D]``."""
         pos = jnp.arange(x.shape[1])
@@ -183,7 +194,7 @@ class Encoder(nnx.Module):
         mask = mask[:, None, :] if mask.ndim == 2 else mask  # [B, 1 or S, S]
         x = dropout(x, self.rate, rngs)
 
-        def call(layer: EncoderLayer, x: Array, _: None, rngs: nnx.Rngs | None) -> tuple[Array, None]:
+        def call(layer: EncoderLayer, x: Array, _: None, rngs: Rngs | None) -> tuple[Array, None]:
             return layer(x, bias=bias, mask=mask, rngs=rngs), None
 
         per_layer = [None] * len(self.layers)
@@ -215,7 +226,7 @@ class Decoder(nnx.Module):
         index: Array | None = None,
         form: cache.CacheForm = cache.OUR_FORM,
         segment_ids: Array | None = None,
-        rngs: nnx.Rngs | None = None,
+        rngs: Rngs | None = None,
     ) -> tuple[Array, tuple[tuple[Array, ...], tuple[Array, ...]]]:
         """Embedded decoder inputs ``y [B, T, D]`` -> ``([B, T, D], self keys/values per layer)``.
 
@@ -240,7 +251,7 @@ class Decoder(nnx.Module):
         cross_mask = cross_mask[:, None, :] if cross_mask.ndim == 2 else cross_mask  # [B, 1 or T, S]
         y = dropout(y, self.rate, rngs)
 
-        def call(layer: DecoderLayer, y: Array, kv: Any, rngs: nnx.Rngs | None) -> tuple[Array, Any]:
+        def call(layer: DecoderLayer, y: Array, kv: Any, rngs: Rngs | None) -> tuple[Array, Any]:
             cross, own = kv  # this layer's cross K/V, and its cached self K/V (None: teacher forcing)
             return layer(y, cross, self_bias=bias, self_mask=causal, cross_mask=cross_mask,
                          self_kv=own, index=index, form=form, rngs=rngs)  # fmt: skip
@@ -282,7 +293,7 @@ class T5(nnx.Module):
         encoder_input_ids: Array,
         *,
         segment_ids: Array | None = None,
-        rngs: nnx.Rngs | None = None,
+        rngs: Rngs | None = None,
     ) -> Array:
         """``encoder_input_ids [B, S]`` -> encoded ``[B, S, D]`` (padding id 0 is masked; with
         ``segment_ids [B, S]`` each token attends only within its own segment)."""
@@ -310,7 +321,7 @@ class T5(nnx.Module):
         encoder_mask: Array,
         *,
         segment_ids: Array | None = None,
-        rngs: nnx.Rngs | None = None,
+        rngs: Rngs | None = None,
     ) -> Array:
         """Teacher-forced decoder: ``decoder_input_ids [B, T]``, ``encoded [B, S, D]``,
         ``encoder_mask [B, S]`` (or ``[B, T, S]``), decoder ``segment_ids [B, T]`` for packed
@@ -347,7 +358,7 @@ class T5(nnx.Module):
         *,
         encoder_segment_ids: Array | None = None,
         decoder_segment_ids: Array | None = None,
-        rngs: nnx.Rngs | None = None,
+        rngs: Rngs | None = None,
     ) -> Array:
         """``[B, S]`` and ``[B, T]`` token ids -> logits ``[B, T, V]``. ``rngs`` enables dropout.
 

@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gqa_jax import sharding
+from gqa_jax.layers import DropoutKeys, Rngs
 from gqa_jax.model import T5
 from gqa_jax.training.state import TrainState
 
@@ -48,7 +49,7 @@ def cross_entropy(logits: Array, targets: Array, weights: Array, z_loss: float =
     }
 
 
-def _forward_sums(model: T5, batch: Batch, rngs: nnx.Rngs | None, z_loss: float) -> dict[str, Array]:
+def _forward_sums(model: T5, batch: Batch, rngs: Rngs | None, z_loss: float) -> dict[str, Array]:
     packed = "encoder_segment_ids" in batch
     logits = model(
         batch["encoder_input_tokens"],
@@ -89,7 +90,7 @@ def train_step(
 
     def loss_fn(params: Any, micro: Batch, key: Array) -> tuple[Array, dict[str, Array]]:
         model = nnx.merge(graphdef, params)
-        sums = _forward_sums(model, micro, nnx.Rngs(dropout=key) if dropout else None, z_loss)
+        sums = _forward_sums(model, micro, DropoutKeys(key) if dropout else None, z_loss)
         return (sums["ce"] + sums["z"]) / total_tokens, sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)

@@ -13,16 +13,22 @@ A part that raises prints ``{"part": ..., "error": <traceback>}`` and the next p
 """
 
 import contextlib
+import gc
 import io
 import json
 import sys
 import traceback
 from pathlib import Path
 
-import jax
-import sharded_decode
-import sharded_equivalence
-import sharded_loading
+gc.disable()  # its imports' objects live as long as it does: frozen below, never walked (tests/conftest.py)
+
+import jax  # noqa: E402
+import sharded_decode  # noqa: E402
+import sharded_equivalence  # noqa: E402
+import sharded_loading  # noqa: E402
+
+gc.freeze()
+gc.enable()
 
 # Replicated (MQA on 8-way model) and sharded K/V heads with rows split too; the full matrix
 # (every mesh and K in {1, 2, 8}) takes ~10 minutes here, so it is a script:

@@ -7,14 +7,20 @@ POINT is one of
   export      when the final model/ is complete in its temporary directory, before its rename
 """
 
+import gc
 import os
 import signal
 import sys
 
-import orbax.checkpoint as ocp
-from orbax.checkpoint._src.path import atomicity
+gc.disable()  # its imports' objects live as long as it does: frozen below, never walked (tests/conftest.py)
 
-from gqa_jax import __main__ as cli
+import orbax.checkpoint as ocp  # noqa: E402
+from orbax.checkpoint._src.path import atomicity  # noqa: E402
+
+from gqa_jax import __main__ as cli  # noqa: E402
+
+gc.freeze()
+gc.enable()
 
 
 def die() -> None:

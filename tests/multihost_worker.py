@@ -14,12 +14,15 @@ With TRAIN ARGUMENTS (``python -m gqa_jax train ...``'s, ``--config.checkpoint_e
 from step 2 (``train_twice``).
 """
 
+import gc
 import json
 import shutil
 import sys
 from pathlib import Path
 
-from gqa_jax import distributed
+gc.disable()  # its imports' objects live as long as it does: frozen below, never walked (tests/conftest.py)
+
+from gqa_jax import distributed  # noqa: E402
 
 distributed.initialize_distributed()  # before anything touches the devices
 
@@ -35,6 +38,9 @@ from gqa_jax import model as model_lib  # noqa: E402
 from gqa_jax.checkpoints import layout  # noqa: E402
 from gqa_jax.config import preset  # noqa: E402
 from gqa_jax.tools.bench_train import synthetic_batch  # noqa: E402
+
+gc.freeze()
+gc.enable()
 
 
 def load_across_processes(out_dir: Path) -> None:

@@ -117,7 +117,7 @@ class Attention(nnx.Module):
         config: ModelConfig,
         num_kv_heads: int,
         *,
-        rngs: nnx.Rngs,
+        rngs: Rngs,
         cached: bool = False,
         kernel: str = EINSUM_KERNEL,
     ):

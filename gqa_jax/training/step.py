@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gqa_jax import sharding
-from gqa_jax.layers import DropoutKeys, Rngs
+from gqa_jax.layers import KeyStream, Rngs
 from gqa_jax.model import T5
 from gqa_jax.training.state import TrainState
 
@@ -90,7 +90,7 @@ def train_step(
 
     def loss_fn(params: Any, micro: Batch, key: Array) -> tuple[Array, dict[str, Array]]:
         model = nnx.merge(graphdef, params)
-        sums = _forward_sums(model, micro, DropoutKeys(key) if dropout else None, z_loss)
+        sums = _forward_sums(model, micro, KeyStream(key) if dropout else None, z_loss)
         return (sums["ce"] + sums["z"]) / total_tokens, sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)

@@ -416,7 +416,7 @@ def abstract(config: ModelConfig, kernel: str = EINSUM_KERNEL) -> T5:
 
 @functools.lru_cache(maxsize=16)
 def _abstract_template(config: ModelConfig, kernel: str) -> T5:
-    return nnx.eval_shape(lambda: T5(config, rngs=KeyStream(0), kernel=kernel))  # layers.KeyStream: why
+    return nnx.eval_shape(lambda: T5(config, rngs=KeyStream(0), kernel=kernel))  # KeyStream: why not nnx.Rngs
 
 
 def build(config: ModelConfig, params: Any = None, *, seed: int = 0) -> T5:

@@ -46,8 +46,10 @@ FAST_COMPILE = (
 def pytest_configure(config):
     # Importing the test files (jax, flax, orbax, ...) makes millions of objects that live as long as
     # the process: no garbage collection walks them, neither while they are made (collection: 9.2 ->
-    # 5.4 s of CPU per process) nor during the tests (``pytest_collection_finish``: frozen).
-    gc.disable()
+    # 5.4 s of CPU per process) nor during the tests (``pytest_collection_finish``: frozen). Only
+    # where the tests are collected: xdist's controller collects none, and would never turn it back on.
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        gc.disable()
     # In the controller (or a run without xdist), before any worker starts or jax compiles:
     # the workers and their subprocesses inherit the environment. Flags and a cache the user set
     # are kept.

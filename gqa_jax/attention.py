@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gqa_jax import kv_quant
+from gqa_jax import cpu_attention, kv_quant
 from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, ModelConfig
 from gqa_jax.layers import Rngs, dropout, dtype_of, fan_in_init, project
 from gqa_jax.sharding import constrain
@@ -172,10 +172,13 @@ class Attention(nnx.Module):
         """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
         if self.cached:  # rows and heads as the cache holds them (a no-op off a split decode mesh)
             q = constrain(q, "cache_queries")
-        o = grouped_attention(
-            q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs,
-            one_head_at_a_time=self.one_head_at_a_time,
-        )  # fmt: skip
+        if self.kernel == CPU_KERNEL and self.cached and cpu_attention.takes(q, k):  # a CPU decode step
+            o = cpu_attention.attend(q, k, v, bias=bias, mask=mask)
+        else:
+            o = grouped_attention(
+                q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs,
+                one_head_at_a_time=self.one_head_at_a_time,
+            )  # fmt: skip
         if self.cached:
             o = constrain(o, "cache_queries")  # [B, T, N, H]
         out = project("BTNH,NHD->BTD", o, self.out[...].astype(self.dtype), self.kernel)

@@ -22,12 +22,6 @@ The paper's decode (``config.PAPER_SWITCHES``, instruments for its timings, neve
 the cache as T5X did: no cross-attention K/V but the encoder output (``encoded``, projected again at
 every step), and the self-attention cache in T5X's layout ``[B, K, H, T]`` and written by its one-hot
 update (a :class:`CacheForm`, static in the pytree).
-
-Under the CPU decode kernel (``config.CPU_KERNEL``) a float self-attention cache of one K/V head
-is held ``[B, T, H]``, without its head axis, and handed to the attention as ``[B, 1, T, H]``: held
-``[B, 1, T, H]``, XLA:CPU fuses each step's write into the reshape that drops the axis for the
-attention's product and copies the whole cache for it (docs/decoding.md). A quantized one keeps
-its axis (flat, it was measured slower).
 """
 
 from __future__ import annotations
@@ -42,7 +36,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from gqa_jax import kv_quant, sharding
-from gqa_jax.config import CPU_KERNEL, DecodeConfig, ModelConfig
+from gqa_jax.config import DecodeConfig, ModelConfig
 
 Array = jax.Array
 
@@ -112,17 +106,14 @@ class CacheForm:
     """How the self-attention cache is held and written: ours (``[B, K, T, H]``, one
     ``dynamic_update_slice``), or the paper's decode's instruments: ``length_last``, T5X's layout
     ``[B, K, H, T]`` moved back for the attention at every step; ``one_hot``, T5X's write
-    ``cached + new * one_hot(index)``. ``one_head_flat``: a float cache of one K/V head held
-    ``[B, T, H]`` (the CPU kernel's, in our layout)."""
+    ``cached + new * one_hot(index)``."""
 
     length_last: bool = False
     one_hot: bool = False
-    one_head_flat: bool = False
 
     @classmethod
     def of(cls, config: DecodeConfig) -> CacheForm:
-        flat = config.kernel == CPU_KERNEL and not config.t5x_layout
-        return cls(length_last=config.t5x_layout, one_hot=config.one_hot_write, one_head_flat=flat)
+        return cls(length_last=config.t5x_layout, one_hot=config.one_hot_write)
 
 
 OUR_FORM = CacheForm()  # our decode's
@@ -133,8 +124,7 @@ class KVCache:
     """Decoder KV cache, an explicit pytree passed into and returned from every decode step.
 
     ``self_k`` / ``self_v``: one ``[B, K_self, T_max, H]`` array per decoder layer (``[B, K_self,
-    H, T_max]`` in T5X's layout, ``[B, T_max, H]`` for one float head under the CPU kernel:
-    ``form``), written at ``index`` (a scalar, the next position every
+    H, T_max]`` in T5X's layout: ``form``), written at ``index`` (a scalar, the next position every
     row writes). ``cross_k`` / ``cross_v``: one ``[B, K_cross, S, H]`` array per layer, projected
     ONCE from the encoder output at prefill; empty in the paper's decode, which carries the encoder
     output ``encoded [B, S, D]`` instead and projects it at every step. ``cross_mask [B, S]``: False
@@ -161,12 +151,6 @@ def length_of(entry: Entry, form: CacheForm) -> int:
     return entry.shape[-1 if form.length_last else -2]
 
 
-def _heads_shape(entry: Entry) -> tuple[int, ...]:
-    """A self-attention cache entry's shape with its head axis: ``[B, K, ., .]`` (a flat one's K = 1)."""
-    shape = tuple(entry.shape)
-    return shape if len(shape) == 4 else (shape[0], 1, *shape[1:])
-
-
 def empty_self_cache(
     config: ModelConfig, batch: int, max_decode_len: int, dtype: Any, form: CacheForm = OUR_FORM
 ) -> tuple[tuple[Entry, ...], tuple[Entry, ...]]:
@@ -191,19 +175,13 @@ def empty_self_cache(
 
 
 def _held(x: Entry, form: CacheForm) -> Entry:
-    """Keys or values ``[B, K, T, H]`` in ``form``'s layout (T5X's: ``[B, K, H, T]``; one float
-    head, flat: ``[B, T, H]``)."""
-    flat = form.one_head_flat and not form.length_last and not isinstance(x, kv_quant.QuantizedKV)
-    if flat and x.shape[1] == 1:
-        return x[:, 0]
+    """Keys or values ``[B, K, T, H]`` in ``form``'s layout (T5X's: ``[B, K, H, T]``)."""
     return jax.tree.map(lambda a: jnp.moveaxis(a, -2, -1), x) if form.length_last else x
 
 
 def attended(entry: Entry, form: CacheForm) -> Entry:
     """A self-attention cache entry as the attention takes it, ``[B, K, T, H]``: T5X's layout moved
-    back (``moveaxis``, at every step), a flat one given its head axis, ours as it is."""
-    if len(entry.shape) == 3:  # one float head, flat (``form.one_head_flat``)
-        return entry[:, None]
+    back (``moveaxis``, at every step), ours as it is."""
     return jax.tree.map(lambda a: jnp.moveaxis(a, -1, -2), entry) if form.length_last else entry
 
 
@@ -229,7 +207,7 @@ def write(cache: Entry, new: Array, index: Array, form: CacheForm = OUR_FORM) ->
         if form.one_hot:
             return _one_hot_add(c, x, index, form)
         at = (0, 0, 0, index) if form.length_last else (0, 0, index, 0)
-        return jax.lax.dynamic_update_slice(c, x.astype(c.dtype), at[-c.ndim :])  # a flat one: (0, index, 0)
+        return jax.lax.dynamic_update_slice(c, x.astype(c.dtype), at)
 
     if isinstance(cache, kv_quant.QuantizedKV):
         q = _held(kv_quant.quantize(new, cache.values.dtype.name), form)
@@ -270,7 +248,7 @@ def check_cache(config: ModelConfig, cache: KVCache) -> None:
         kinds = [("decoder_self", cache.self_k[0], 2 if cache.form.length_last else 3)]
         kinds += [("cross", cache.cross_k[0], 3)] if cache.encoded is None else []
         for kind, entry, h_axis in kinds:
-            K, shape = config.kv_heads(kind), _heads_shape(entry)
+            K, shape = config.kv_heads(kind), tuple(entry.shape)
             if shape[1] != K or shape[h_axis] != H:
                 problems.append(f"{kind} cache {shape} needs [B, K={K}, length, H={H}] (num_kv_heads={K})")
     if cache.encoded is not None and cache.encoded.shape[-1] != config.d_model:

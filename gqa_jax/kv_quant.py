@@ -129,9 +129,8 @@ def empty(shape: tuple[int, ...], cache_dtype: str) -> QuantizedKV:
 
 
 def constrain(x: Array | QuantizedKV) -> Array | QuantizedKV:
-    """The ``cache`` activation sharding on a cache entry, float or quantized (values and scale);
-    ``one_head_cache`` on a flat one (``cache.CacheForm.one_head_flat``)."""
-    return jax.tree.map(lambda a: sharding.constrain(a, "cache" if a.ndim == 4 else "one_head_cache"), x)
+    """The ``cache`` activation sharding on a cache entry, float or quantized (values and scale)."""
+    return jax.tree.map(lambda a: sharding.constrain(a, "cache"), x)
 
 
 def split(x: Array | QuantizedKV, dtype: Any) -> tuple[Array, Array | None]:

@@ -79,7 +79,6 @@ ACTIVATION_AXES: dict[str, tuple[str, ...]] = {
     "queries": ("batch", "length", "heads", "head_dim"),  # [B, T, N, H]
     "kv": ("batch", "kv_heads", "length", "head_dim"),  # projected keys / values [B, K, T, H]
     "cache": ("cache_batch", "cache_heads", "length", "head_dim"),  # the decoder's cached K/V [B, K, T, H]
-    "one_head_cache": ("cache_batch", "length", "head_dim"),  # [B, T, H]: the CPU kernel's one-head cache
     "cache_queries": ("cache_batch", "length", "cache_heads", "head_dim"),  # [B, T, N, H] as the cache lies
     "mlp": ("batch", "length", "mlp"),  # [B, T, F]
     "logits": ("batch", "length", "vocab"),  # [B, T, V]

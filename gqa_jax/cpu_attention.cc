@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <thread>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -94,7 +96,8 @@ struct Item {
   float* out;          // [G, H]
 };
 
-// Logits l [G, Sp] of G query rows over S keys (Sp = S rounded up to 16), H = HV * 16.
+// Logits l [G, Sp] of G query rows over the keys of blocks [b0, b1) (Sp = S rounded up to 16),
+// H = HV * 16: each key times each query row, 16 keys' products summed across at once.
 template <typename T, int HV>
 void logits(const Item& it, int64_t G, int64_t S, int64_t Sp, int64_t b0, int64_t b1, float* l) {
   const T* k = static_cast<const T*>(it.k);
@@ -193,42 +196,46 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer 
   float* op = out->typed_data();
   const int64_t Sp = (S + L - 1) / L * L;
   const int64_t items = B * K;
-  auto run = [=](int64_t lo, int64_t hi) {
-    std::vector<float> scratch(G * Sp + 2 * S);
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t b = i / K, kh = i % K;
-      Item it{qp + (b * N + kh * G) * H, kp + i * S * H, vp + i * S * H,
-              quant ? ks.typed_data() + i * S : nullptr, quant ? vs.typed_data() + i * S : nullptr,
-              bp ? bp + ((bias_b == 1 ? 0 : b) * N + kh * G) * S : nullptr, S,
-              mp ? mp + (mask_b == 1 ? 0 : b) * S : nullptr, op + (b * N + kh * G) * H};
-      switch (H / L) {
-        case 1: attend<T, 1>(it, G, S, scratch.data()); break;
-        case 2: attend<T, 2>(it, G, S, scratch.data()); break;
-        case 3: attend<T, 3>(it, G, S, scratch.data()); break;
-        case 4: attend<T, 4>(it, G, S, scratch.data()); break;
-        case 5: attend<T, 5>(it, G, S, scratch.data()); break;
-        case 6: attend<T, 6>(it, G, S, scratch.data()); break;
-        case 7: attend<T, 7>(it, G, S, scratch.data()); break;
-        default: attend<T, 8>(it, G, S, scratch.data()); break;
-      }
+  auto one = [=](int64_t i, float* scratch) {
+    const int64_t b = i / K, kh = i % K;
+    Item it{qp + (b * N + kh * G) * H, kp + i * S * H, vp + i * S * H,
+            quant ? ks.typed_data() + i * S : nullptr, quant ? vs.typed_data() + i * S : nullptr,
+            bp ? bp + ((bias_b == 1 ? 0 : b) * N + kh * G) * S : nullptr, S,
+            mp ? mp + (mask_b == 1 ? 0 : b) * S : nullptr, op + (b * N + kh * G) * H};
+    switch (H / L) {
+      case 1: attend<T, 1>(it, G, S, scratch); break;
+      case 2: attend<T, 2>(it, G, S, scratch); break;
+      case 3: attend<T, 3>(it, G, S, scratch); break;
+      case 4: attend<T, 4>(it, G, S, scratch); break;
+      case 5: attend<T, 5>(it, G, S, scratch); break;
+      case 6: attend<T, 6>(it, G, S, scratch); break;
+      case 7: attend<T, 7>(it, G, S, scratch); break;
+      default: attend<T, 8>(it, G, S, scratch); break;
     }
   };
-  const int64_t parts = std::min(items, std::max<int64_t>(1, pool.num_threads()));
-  if (parts <= 1) {
-    run(0, items);
-    return ffi::Error::Success();
-  }
-  std::atomic<int64_t> left(parts - 1);
-  for (int64_t p = 1; p < parts; ++p) {
-    const int64_t lo = items * p / parts, hi = items * (p + 1) / parts;
-    pool.Schedule([=, &left] {
-      run(lo, hi);
-      left.fetch_sub(1, std::memory_order_release);
-    });
-  }
-  run(0, items / parts);
-  while (left.load(std::memory_order_acquire) > 0) {
-  }
+  // The items are taken a few at a time from a shared counter, by this thread and by helpers it
+  // schedules on XLA's intra-op pool. It never waits for a helper that has not started (it takes
+  // what is left itself; a late helper finds nothing), only for items a helper is running: no
+  // spinning on a busy machine.
+  struct Shared {
+    alignas(64) std::atomic<int64_t> next{0};
+    alignas(64) std::atomic<int64_t> done{0};
+  };
+  auto shared = std::make_shared<Shared>();
+  const int64_t helpers = std::min(items, std::max<int64_t>(1, pool.num_threads())) - 1;
+  const int64_t chunk = std::max<int64_t>(1, items / (4 * (helpers + 1)));  // items per take
+  auto drain = [=] {
+    std::vector<float> scratch;
+    for (int64_t lo; (lo = shared->next.fetch_add(chunk, std::memory_order_relaxed)) < items;) {
+      if (scratch.empty()) scratch.resize(G * Sp + 2 * S);
+      const int64_t hi = std::min(items, lo + chunk);
+      for (int64_t i = lo; i < hi; ++i) one(i, scratch.data());
+      shared->done.fetch_add(hi - lo, std::memory_order_release);
+    }
+  };
+  for (int64_t p = 0; p < helpers; ++p) pool.Schedule([drain] { drain(); });
+  drain();
+  while (shared->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
   return ffi::Error::Success();
 }
 

@@ -109,8 +109,9 @@ class Attention(nnx.Module):
     the attention reads a decode cache (the decoder's self- and cross-attention), so on a mesh its
     queries are regrouped to the cache's layout (``cache_queries``) for the products with it.
     ``kernel``: the decode kernel of the program the model is built for (``config.KERNELS``):
-    under ``"cpu"`` the projections are taken out-major (``layers.project``) and a group of fewer
-    than ``ONE_HEAD_AT_A_TIME_BELOW`` query heads is attended one head at a time."""
+    under ``"cpu"`` the projections are taken out-major (``layers.project``), a cached attention of
+    one position is the CPU attention kernel's where ``cpu_attention.takes`` it, and otherwise a
+    group of fewer than ``ONE_HEAD_AT_A_TIME_BELOW`` query heads is attended one head at a time."""
 
     def __init__(
         self,

@@ -12,14 +12,22 @@ ENC_LAYERS, DEC_LAYERS = 3, 2  # different depths, so num_decoder_layers is real
 
 
 def tiny_hf_t5(
-    *, ffn: str, tie: bool, separate_head: bool, buckets: int, max_distance: int, seed: int, vocab: int = V
+    *,
+    ffn: str,
+    tie: bool,
+    separate_head: bool,
+    buckets: int,
+    max_distance: int,
+    seed: int,
+    vocab: int = V,
+    d_kv: int = DKV,
 ):
     """A tiny random HF T5 whose weights make non-trivial logits (random norms and biases too)."""
     torch.manual_seed(seed)
     config = transformers.T5Config(
         vocab_size=vocab,
         d_model=D,
-        d_kv=DKV,
+        d_kv=d_kv,
         d_ff=F,
         num_heads=N,
         num_layers=ENC_LAYERS,

@@ -246,15 +246,18 @@ def test_cache_bytes_match_the_formula_and_scale_with_k():
 
 
 # ---------------------------------------------------------------------------- HuggingFace
-@pytest.mark.parametrize("ffn, tie", [("gated-gelu", False), ("relu", True)])
-def test_greedy_equals_transformers_generate(tmp_path, ffn, tie):
+@pytest.mark.parametrize("ffn, tie, d_kv", [("gated-gelu", False, 8), ("relu", True, 16)])
+def test_greedy_equals_transformers_generate(tmp_path, ffn, tie, d_kv):
+    """Heads of 8 (XLA's products) and of 16 (the CPU attention kernel, ``cpu_attention.takes``)."""
     torch = pytest.importorskip("torch", reason="HF generate parity needs torch (CPU)")
     pytest.importorskip("transformers", reason="HF generate parity needs transformers>=5")
     from hf_models import tiny_hf_t5
 
     from gqa_jax.checkpoints import load_hf_t5
 
-    hf = tiny_hf_t5(ffn=ffn, tie=tie, separate_head=not tie, buckets=32, max_distance=128, seed=4, vocab=V)
+    hf = tiny_hf_t5(
+        ffn=ffn, tie=tie, separate_head=not tie, buckets=32, max_distance=128, seed=4, vocab=V, d_kv=d_kv
+    )
     with torch.no_grad():
         if tie:  # a unit-scale tied embedding makes the model echo its start token forever
             hf.shared.weight.mul_(0.1)

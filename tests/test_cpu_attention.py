@@ -30,8 +30,8 @@ def inputs(B, N, K, S, H, seed=0):
 @pytest.mark.parametrize("cache_dtype", ["float32", "int8"])
 def test_the_kernel_gives_grouped_attentions_numbers(N, K, S, H, cache_dtype):
     """Groups of 1, 2, 4 and 8 query heads, head dims 16, 32 and 64, key lengths off the kernel's
-    16-key blocks, a shared and a per-row bias,
-    a prefix mask (a self cache), a padding mask, and a row with every key hidden (uniform)."""
+    16-key blocks, a shared and a per-row bias, a prefix mask (a self cache), a padding mask, and a
+    row with every key hidden (uniform)."""
     B = 3
     q, k, v = inputs(B, N, K, S, H)
     if cache_dtype == "int8":

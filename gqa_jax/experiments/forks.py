@@ -197,9 +197,10 @@ def serve() -> None:
                 request = json.loads(line)
                 sys.stdout.flush()
                 sys.stderr.flush()
+                server = os.getpid()
                 pid = os.fork()
                 if pid == 0:
-                    _run_child(request, answers)  # never returns
+                    _run_child(request, answers, server)  # never returns
                 os.write(answers, json.dumps({"pid": pid}).encode() + b"\n")
         _report_ended(answers)
 
@@ -221,12 +222,15 @@ def _report_ended(answers: int) -> None:
         os.write(answers, json.dumps({"ended": pid, "rc": rc}).encode() + b"\n")
 
 
-def _run_child(request: dict, answers: int) -> None:
+def _run_child(request: dict, answers: int, server: int) -> None:
     """In the forked child: run ``python -m gqa_jax ARGV`` as that command runs (``runpy``, as
     ``-m`` does) and exit as it exits (the interpreter's own exit: atexit handlers, threads
-    joined, output flushed)."""
+    joined, output flushed). A server that died between the fork and ``die_with_parent`` sent no
+    signal: the child then exits at once, as the signal would have made it."""
     os.setsid()
     die_with_parent()
+    if os.getppid() != server:
+        os._exit(128 + signal.SIGKILL)
     os.close(answers)
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -8,8 +8,9 @@ in order, for all G query heads of its group, and only the keys the mask shows. 
 ``attention.grouped_attention``'s for one query position (the tests compare the two).
 
 It is compiled on first use, with the C++ compiler ``$CXX`` (else ``g++``) for this machine
-(``-march=native``), into ``$XDG_CACHE_HOME/gqa_jax`` (else ``~/.cache/gqa_jax``), named by a
-hash of its source, flags, jaxlib version and CPU, so a second process loads it. Where it cannot
+(``-march=native``), into ``$GQA_JAX_KERNEL_DIR`` (else ``$XDG_CACHE_HOME/gqa_jax``, else
+``~/.cache/gqa_jax``), named by a hash of its source, flags, jaxlib version and CPU, so a second
+process loads it. Where it cannot
 be built (no compiler) decoding says so once and takes XLA's products, with the same tokens.
 
 ``attention.Attention.attend`` asks :func:`takes` under the ``"cpu"`` decode kernel
@@ -40,6 +41,7 @@ SOURCE = Path(__file__).with_suffix(".cc")
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-std=c++17", "-shared", "-fPIC", "-w")
 HEAD_DIM_MULTIPLE, HEAD_DIM_MAX = 16, 128  # the head dims the kernel takes: 16, 32, ..., 128
 TARGETS = {"float32": "gqa_jax_cpu_attention_f32", "int8": "gqa_jax_cpu_attention_s8"}
+KERNEL_DIR_ENV = "GQA_JAX_KERNEL_DIR"  # where the compiled kernel goes (default: the user's cache)
 
 
 class BuildError(RuntimeError):
@@ -55,18 +57,20 @@ def _cpu_id() -> str:
         return platform.processor() or platform.machine()
 
 
-def library_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the compiled kernel for this source, compiler flags, jaxlib and CPU lives."""
-    cache = cache_dir or os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def library_path(directory: str | os.PathLike | None = None) -> Path:
+    """Where the compiled kernel for this source, compiler flags, jaxlib and CPU lives: in
+    ``directory``, else ``$GQA_JAX_KERNEL_DIR``, else ``$XDG_CACHE_HOME/gqa_jax`` (``~/.cache/gqa_jax``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = directory or os.environ.get(KERNEL_DIR_ENV) or os.path.join(cache, "gqa_jax")
     what = [SOURCE.read_text(), " ".join(FLAGS), importlib.metadata.version("jaxlib"), _cpu_id()]
     key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:16]
-    return Path(cache) / "gqa_jax" / f"cpu_attention-{key}.so"
+    return Path(directory) / f"cpu_attention-{key}.so"
 
 
-def build(cxx: str | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+def build(cxx: str | None = None, directory: str | os.PathLike | None = None) -> Path:
     """The compiled kernel's path, compiling it first if no process has (written under a temporary
     name, then renamed: two processes building at once each get a whole library)."""
-    out = library_path(cache_dir)
+    out = library_path(directory)
     if out.is_file():
         return out
     cxx = cxx or os.environ.get("CXX") or "g++"

@@ -101,10 +101,10 @@ def test_a_compiler_that_cannot_build_it_is_one_line_and_decoding_takes_xlas_pro
     tmp_path, monkeypatch, capsys
 ):
     with pytest.raises(cpu_attention.BuildError, match=r"^/nonexistent/c\+\+ could not run"):
-        cpu_attention.build(cxx="/nonexistent/c++", cache_dir=tmp_path)
+        cpu_attention.build(cxx="/nonexistent/c++", directory=tmp_path)
     with pytest.raises(cpu_attention.BuildError, match=r"^false failed \(exit 1\)"):
-        cpu_attention.build(cxx="false", cache_dir=tmp_path)
-    assert not list((tmp_path / "gqa_jax").iterdir())  # no half-written library left behind
+        cpu_attention.build(cxx="false", directory=tmp_path)
+    assert not list(tmp_path.iterdir())  # no half-written library left behind
     assert cpu_attention.available()  # this machine's compiler built it (once per machine and source)
     built = cpu_attention.library_path()
     assert built.stat().st_size > 0 and cpu_attention.build(cxx="false") == built  # not compiled again

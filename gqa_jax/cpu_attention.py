@@ -10,8 +10,8 @@ in order, for all G query heads of its group, and only the keys the mask shows. 
 It is compiled on first use, with the C++ compiler ``$CXX`` (else ``g++``) for this machine
 (``-march=native``), into ``$GQA_JAX_KERNEL_DIR`` (else ``$XDG_CACHE_HOME/gqa_jax``, else
 ``~/.cache/gqa_jax``), named by a hash of its source, flags, jaxlib version and CPU, so a second
-process loads it. Where it cannot
-be built (no compiler) decoding says so once and takes XLA's products, with the same tokens.
+process loads it. Where it cannot be built (no compiler) decoding says so once and takes XLA's
+products, with the same tokens.
 
 ``attention.Attention.attend`` asks :func:`takes` under the ``"cpu"`` decode kernel
 (``config.KERNELS``).

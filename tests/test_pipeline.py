@@ -1,8 +1,11 @@
 """Input pipelines: fixed shapes, determinism, exact resume, packing, per-process slices, eval passes."""
 
+import grain
 import numpy as np
 import pytest
+from grain._src.python.experimental.index_shuffle.python import index_shuffle_module
 
+from gqa_jax.data import epoch_shuffle
 from gqa_jax.data import pipeline as pl
 from gqa_jax.data.span_corruption import span_corruption_lengths
 from gqa_jax.data.tasks import Task
@@ -45,6 +48,28 @@ def make(vocab, task=SEQ, docs=None, **kw):
     kw.setdefault("process_count", 1)
     docs = make_docs(40) if docs is None else docs
     return pl.make_pipeline(task, kw.pop("split", "train"), vocab, source=docs, **kw)
+
+
+def test_the_epoch_shuffle_keeps_grains_order():
+    # the permutation: grain's index_shuffle (its 16-bit block) at sizes of one word up to the block
+    for n, seed in ((2, 0), (3, 2**32 - 1), (16, 5), (40, 123456789), (1001, 7), (epoch_shuffle.BLOCK, 1)):
+        perm = epoch_shuffle.permutation(n, seed)
+        js = range(n) if n < 2000 else range(0, n, 997)
+        assert [int(perm[j]) for j in js] == [
+            index_shuffle_module.index_shuffle(j, n - 1, seed, 4) for j in js
+        ]
+        assert sorted(perm.tolist()) == list(range(n))
+    # the dataset: grain's shuffle element for element, over three epochs, repeated and sliced as the
+    # pipeline does; one element; over the block, grain's own transformation
+    for n in (1, 13, 40):
+        ours = epoch_shuffle.shuffled(grain.MapDataset.range(n), 9).repeat(None)[1::2]
+        theirs = grain.MapDataset.range(n).shuffle(seed=9).repeat(None)[1::2]
+        assert [ours[i] for i in range(3 * n)] == [theirs[i] for i in range(3 * n)]
+    big = epoch_shuffle.shuffled(grain.MapDataset.range(epoch_shuffle.BLOCK + 1), 9)
+    assert (
+        not isinstance(big, epoch_shuffle.EpochShuffle)
+        and big[5] == grain.MapDataset.range(epoch_shuffle.BLOCK + 1).shuffle(seed=9)[5]
+    )
 
 
 @pytest.mark.parametrize("pack", [False, True])

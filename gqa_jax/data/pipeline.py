@@ -42,6 +42,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from gqa_jax.data import epoch_shuffle
 from gqa_jax.data import tasks as tasks_lib
 from gqa_jax.data.span_corruption import span_corrupt, span_corruption_lengths
 
@@ -341,7 +342,7 @@ def _examples(
     ds = grain.MapDataset.source(source)
     ds = ds.map_with_index(lambda i, ex: (i, ex))  # keep the source index through the shuffle
     if shuffle:
-        ds = ds.shuffle(seed=seed)
+        ds = epoch_shuffle.shuffled(ds, seed)  # grain's order, fast on small splits
     if repeat:
         ds = ds.repeat(None)
     return ds[process_index::process_count]

@@ -65,6 +65,8 @@ def main(out_dir: Path, vocab: str) -> None:
         for line in printed.getvalue().splitlines():
             if line.startswith("{"):
                 print(json.dumps({"part": name, **json.loads(line)}), flush=True)
+        gc.collect()  # the part's garbage; what it left alive (jax's caches) is never walked again
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -208,7 +208,7 @@ def pytest_runtest_protocol(item):
     yield
     # What a test left alive (jax's caches of traces and executables, fixtures) is frozen too: the
     # collector then walks only what the next test makes, not the whole worker at every full
-    # collection (the compile-heavy files' CPU 74-78 -> 70-72 s, the same peak memory). The
+    # collection (the compile-heavy files' user CPU 76-78 -> 72 s, the same peak memory). The
     # garbage the test made is collected first.
     gc.collect()
     gc.freeze()

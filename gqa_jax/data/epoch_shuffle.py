@@ -62,7 +62,7 @@ class EpochShuffle(grain.MapDataset):
         return self._parent[self._index(index)]
 
     def _getitems(self, indices: Any) -> Any:
-        return self._parent._getitems([self._index(i) for i in indices])  # noqa: SLF001
+        return self._parent._getitems([self._index(i) for i in indices])
 
 
 def permutation(n: int, seed: int) -> np.ndarray:

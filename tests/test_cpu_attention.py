@@ -26,12 +26,16 @@ def inputs(B, N, K, S, H, seed=0):
     return q, k, v
 
 
-@pytest.mark.parametrize("N, K, S, H", [(8, 8, 40, 16), (8, 4, 37, 32), (8, 2, 16, 16), (16, 2, 70, 64)])
+SHAPES = [(8, 8, 40, 16), (8, 4, 37, 32), (8, 2, 16, 16), (8, 1, 45, 16), (16, 2, 70, 64), (6, 2, 33, 128)]
+
+
+@pytest.mark.parametrize("N, K, S, H", SHAPES)
 @pytest.mark.parametrize("cache_dtype", ["float32", "int8"])
 def test_the_kernel_gives_grouped_attentions_numbers(N, K, S, H, cache_dtype):
-    """Groups of 1, 2, 4 and 8 query heads, head dims 16, 32 and 64, key lengths off the kernel's
-    16-key blocks, a shared and a per-row bias, a prefix mask (a self cache), a padding mask, and a
-    row with every key hidden (uniform)."""
+    """Groups of 1, 2, 3, 4 and 8 query heads (the values weighed 8, 4, 2 and 1 rows at a time),
+    head dims 16, 32, 64 and 128, key lengths off the kernel's 16-key blocks, a shared and a
+    per-row bias, a prefix mask (a self cache), a padding mask, and a row with every key hidden
+    (uniform)."""
     B = 3
     q, k, v = inputs(B, N, K, S, H)
     if cache_dtype == "int8":

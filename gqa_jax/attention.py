@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gqa_jax import cpu_attention, kv_quant
+from gqa_jax import cpu_kernels, kv_quant
 from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL, ModelConfig
 from gqa_jax.layers import Rngs, dropout, dtype_of, fan_in_init, project
 from gqa_jax.sharding import constrain
@@ -110,7 +110,7 @@ class Attention(nnx.Module):
     queries are regrouped to the cache's layout (``cache_queries``) for the products with it.
     ``kernel``: the decode kernel of the program the model is built for (``config.KERNELS``):
     under ``"cpu"`` the projections are taken out-major (``layers.project``), a cached attention of
-    one position is the CPU attention kernel's where ``cpu_attention.takes`` it, and otherwise a
+    one position is the CPU attention kernel's where ``cpu_kernels.takes`` it, and otherwise a
     group of fewer than ``ONE_HEAD_AT_A_TIME_BELOW`` query heads is attended one head at a time."""
 
     def __init__(
@@ -173,8 +173,8 @@ class Attention(nnx.Module):
         """Queries ``[B, T, N, H]`` over keys/values ``[B, K, S, H]`` -> ``[B, T, D]``."""
         if self.cached:  # rows and heads as the cache holds them (a no-op off a split decode mesh)
             q = constrain(q, "cache_queries")
-        if self.kernel == CPU_KERNEL and self.cached and cpu_attention.takes(q, k):  # a CPU decode step
-            o = cpu_attention.attend(q, k, v, bias=bias, mask=mask)
+        if self.kernel == CPU_KERNEL and self.cached and cpu_kernels.takes(q, k):  # a CPU decode step
+            o = cpu_kernels.attend(q, k, v, bias=bias, mask=mask)
         else:
             o = grouped_attention(
                 q, k, v, bias=bias, mask=mask, dropout_rate=self.rate, rngs=rngs,

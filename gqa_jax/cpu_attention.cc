@@ -1,4 +1,4 @@
-// The CPU decode step's attention (gqa_jax/cpu_attention.py builds and calls it): one query
+// The CPU decode step's attention (gqa_jax/cpu_kernels.py builds and calls it): one query
 // position of N heads over a cache of K key/value heads, G = N / K query heads per K/V head.
 //
 // One work item is a (batch row, K/V head): its G query rows, its S cached keys and values. The
@@ -18,49 +18,19 @@
 #include <cstring>
 #include <memory>
 #include <thread>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <type_traits>
 #include <vector>
 
+#include "cpu_vectors.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float f16v __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register
-constexpr int L = 16;  // lanes of an f16v; a head's dim is a multiple of L
-constexpr float kFloor = -80.f;  // exp() argument floor: exp(-80) ~ 2e-35, a normal float
+using namespace gqa_jax_cpu;
 
-template <typename T>
-inline f16v load(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    f16v x;
-    std::memcpy(&x, p, sizeof(x));
-    return x;
-  } else {
-#if defined(__AVX512F__)
-    const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    f16v r;
-    std::memcpy(&r, &x, sizeof(r));
-    return r;
-#elif defined(__AVX2__)
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-    f16v r;
-    std::memcpy(&r, &lo, 32);
-    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
-    return r;
-#else
-    f16v r;
-    for (int i = 0; i < L; ++i) r[i] = static_cast<float>(p[i]);
-    return r;
-#endif
-  }
-}
+constexpr float kFloor = -80.f;  // exp() argument floor: exp(-80) ~ 2e-35, a normal float
 
 // x[j] holds 16 partial products of key j; returns lane j = the sum of x[j]'s lanes.
 inline f16v transpose_sum(f16v x[16]) {
@@ -115,23 +85,8 @@ inline void transpose(f16v x[L]) {
   swap_all<1>(x);
 }
 
-inline f16v splat(float x) { return f16v{} + x; }
-
-inline float lane_max(f16v x) {
-  float m = x[0];
-  for (int i = 1; i < L; ++i) m = std::max(m, x[i]);
-  return m;
-}
-
-inline float lane_sum(f16v x) {
-  float t = 0.f;
-  for (int i = 0; i < L; ++i) t += x[i];
-  return t;
-}
-
 // exp(x) for x in [kFloor, 0] (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial).
 inline f16v exp_neg(f16v x) {
-  typedef int32_t i16v __attribute__((vector_size(64)));
   const f16v fx = x * 1.44269504088896341f - 0.5f;  // <= 0: truncation rounds n to nearest
   const i16v n = __builtin_convertvector(fx, i16v);
   const f16v nf = __builtin_convertvector(n, f16v);
@@ -147,14 +102,6 @@ inline f16v exp_neg(f16v x) {
   f16v scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return y * scale;
-}
-
-// p[0, n) as a vector, lanes from n on 0 (n < L: a block's tail past the cache's end).
-inline f16v load_part(const float* p, int64_t n) {
-  if (n >= L) return load(p);
-  f16v r = {};
-  std::memcpy(&r, p, n * sizeof(float));
-  return r;
 }
 
 struct Item {

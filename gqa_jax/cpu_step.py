@@ -12,7 +12,7 @@ math, and the modules never see it:
   decode, outside the step; the step's model sees them back in their own shapes
   (:func:`in_major`, a transpose XLA folds into the product's operand layout), so its products
   are the plain einsums of ``model.py`` reading the weights out-major.
-- The greedy token in two plain reductions (:func:`argmax`).
+- The greedy token by the argmax kernel, read in the logits' own layout (:func:`argmax`).
 - The prefill in row chunks (:func:`encode_chunk_rows`). Encoding a few rows at a time keeps a
   chunk's activations and ``[N, S, S]`` logits in the CPU caches through a layer.
 
@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from gqa_jax import cpu_kernels
 from gqa_jax.config import CPU_KERNEL, EINSUM_KERNEL
 
 # The weight products a decode step takes (``layers.project``), by parameter name, and how many
@@ -49,15 +50,19 @@ def kernel_for(mesh: Any) -> str:
 
 
 def argmax(logits: jax.Array) -> jax.Array:
-    """``jnp.argmax(logits, -1)`` of a CPU step's ``[B, V]`` logits as two plain reductions over the
-    ``[V, B]`` they lie in (``layers.project``'s out-major product): the largest logit, then the
-    first index that holds it. XLA:CPU runs argmax's one (value, index) reduction across that
-    layout several times slower. A NaN row gives index 0 (argmax: the first NaN's)."""
+    """``jnp.argmax(logits, -1)`` of a CPU step's ``[B, V]`` logits, read in the ``[V, B]`` they lie
+    in (``layers.project``'s out-major product): float32 by the argmax kernel
+    (``cpu_kernels.argmax``), else (another dtype, or the kernels not built) in two plain
+    reductions, the largest logit (a NaN if the row has one) and then the first index that holds
+    it. XLA:CPU runs argmax's one (value, index) reduction across that layout several times slower
+    than either."""
     by_token = logits.T  # [V, B]: as the out-major product laid them out (no copy)
+    if by_token.dtype == jnp.float32 and cpu_kernels.available():
+        return cpu_kernels.argmax(by_token)
     V = by_token.shape[0]
     best = jnp.max(by_token, axis=0)  # [B]
-    first = jnp.min(jnp.where(by_token == best, jnp.arange(V, dtype=jnp.int32)[:, None], V), axis=0)
-    return jnp.where(first == V, 0, first)
+    hit = (by_token == best) | jnp.isnan(by_token)  # a NaN row's max is NaN: its first NaN
+    return jnp.min(jnp.where(hit, jnp.arange(V, dtype=jnp.int32)[:, None], V), axis=0)
 
 
 def encode_chunk_rows(batch: int, input_len: int) -> int:

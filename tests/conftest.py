@@ -62,8 +62,8 @@ def pytest_configure(config):
         if flag.split("=")[0] not in flags:
             flags = f"{flags} {flag}".strip()
     os.environ["XLA_FLAGS"] = flags
-    # The CPU attention kernel where the user's is (gqa_jax.cpu_attention.library_path's default),
-    # for the whole session: the tests that set their own XDG_CACHE_HOME do not compile it again.
+    # The CPU decode kernels where the user's are (gqa_jax.cpu_kernels.library_path's default),
+    # for the whole session: the tests that set their own XDG_CACHE_HOME do not compile them again.
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     os.environ.setdefault("GQA_JAX_KERNEL_DIR", os.path.join(cache, "gqa_jax"))
     if os.environ.get(CACHE_ENV):

@@ -248,7 +248,7 @@ def test_cache_bytes_match_the_formula_and_scale_with_k():
 # ---------------------------------------------------------------------------- HuggingFace
 @pytest.mark.parametrize("ffn, tie, d_kv", [("gated-gelu", False, 8), ("relu", True, 16)])
 def test_greedy_equals_transformers_generate(tmp_path, ffn, tie, d_kv):
-    """Heads of 8 (XLA's products) and of 16 (the CPU attention kernel, ``cpu_attention.takes``)."""
+    """Heads of 8 (XLA's products) and of 16 (the CPU attention kernel, ``cpu_kernels.takes``)."""
     torch = pytest.importorskip("torch", reason="HF generate parity needs torch (CPU)")
     pytest.importorskip("transformers", reason="HF generate parity needs transformers>=5")
     from hf_models import tiny_hf_t5

@@ -160,14 +160,15 @@ def step_model(
 
 def attention_s(rows: list[dict[str, Any]]) -> float:
     """Seconds per step of the attention over the cache: the ops of ``attention.py`` and
-    ``kv_quant.py`` (scores, mask, softmax, values, a quantized cache's scales) and the products
-    with a 4-D cache-shaped input that carry no source line."""
+    ``kv_quant.py`` (scores, mask, softmax, values, a quantized cache's scales), the CPU attention
+    kernel's calls (``cpu_kernels.attend``) and the products with a 4-D cache-shaped input that
+    carry no source line."""
 
     def attends(r: dict[str, Any]) -> bool:
-        src = r["source"]
+        src = r["source"]  # "file.py:line function"
         return (
-            "attention.py" in src
-            or "kv_quant.py" in src
+            src.startswith(("attention.py", "kv_quant.py"))
+            or (src.startswith("cpu_kernels.py") and src.endswith(" attend"))
             or (src == "?" and r["op"] == "dot" and r["largest_input"].count(",") == 3)
         )
 

@@ -1,6 +1,7 @@
-"""The CPU decode step's attention kernel (``gqa_jax.cpu_attention``): grouped_attention's numbers
-for one query position, float32 and int8 caches, every group size; where it is taken and where
-not; a compiler that fails is one line and XLA's products."""
+"""The CPU decode step's kernels (``gqa_jax.cpu_kernels``): the attention gives grouped_attention's
+numbers for one query position, float32 and int8 caches, every group size; the greedy token is
+jnp.argmax's, by the kernel and by the reductions; where each is taken and where not; a compiler
+that fails is one line and XLA's products."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gqa_jax import cpu_attention, decoding, kv_quant
+from gqa_jax import cpu_kernels, cpu_step, decoding, kv_quant
 from gqa_jax.attention import Attention, grouped_attention
 from gqa_jax.config import preset
 from gqa_jax.model import T5
@@ -47,14 +48,14 @@ def test_the_kernel_gives_grouped_attentions_numbers(N, K, S, H, cache_dtype):
     padding = jnp.asarray(r.random((B, 1, S)) < 0.6).at[0, 0, 0].set(True).at[2].set(False)  # row 2: none
     for bias, mask in ((shared, prefix), (per_row, padding), (None, padding), (None, None)):
         want = jax.jit(grouped_attention)(q, k, v, bias=bias, mask=mask)
-        got = jax.jit(cpu_attention.attend)(q, k, v, bias=bias, mask=mask)
+        got = jax.jit(cpu_kernels.attend)(q, k, v, bias=bias, mask=mask)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
 
 
 def test_a_cpu_decode_takes_the_kernel_and_gives_the_einsum_kernels_tokens():
     """A head dim of 16: under the "cpu" decode kernel each cached attention of the step is the
-    kernel's call (float32 and int8 caches, one and two K/V heads), the self cache keeps its head
-    axis, and the tokens and logits are the "einsum" kernel's."""
+    kernel's call (float32 and int8 caches, one and two K/V heads), and so is the greedy token; the
+    self cache keeps its head axis, and the tokens and logits are the "einsum" kernel's."""
     enc = jnp.asarray([[5, 6, 7, 8, 9, 10], [11, 12, 3, 0, 0, 0]], jnp.int32)
     for K, cache_dtype in ((1, None), (2, "int8")):
         model = T5(preset("tiny", vocab_size=16, num_kv_heads=K, head_dim=16), rngs=nnx.Rngs(0))
@@ -78,21 +79,47 @@ def test_a_cpu_decode_takes_the_kernel_and_gives_the_einsum_kernels_tokens():
 
             text = jax.jit(run).lower(params).as_text()
             assert ("gqa_jax_cpu_attention" in text) == (kernel == "cpu"), kernel
+            assert ("gqa_jax_cpu_argmax" in text) == (kernel == "cpu"), kernel
             out[kernel] = run(params)
         assert out["cpu"].cache.self_k[0].shape[:2] == (2, K)  # [B, K, T, H]: no flat one-head form
         np.testing.assert_array_equal(np.asarray(out["cpu"].tokens), np.asarray(out["einsum"].tokens))
         np.testing.assert_allclose(np.asarray(out["cpu"].logits), np.asarray(out["einsum"].logits), atol=1e-5)
 
 
+def greedy_cases():
+    """``[B, V]`` logits: ties, a row of -inf, a row with two NaNs, a constant row, rows beyond a
+    multiple of 16 (the kernel's last rows one at a time) and vocabularies shorter than its 4 runs."""
+    r = np.random.default_rng(0)
+    for B, V in ((32, 8000), (3, 7), (17, 100), (16, 1), (48, 33), (1, 5), (2, 2)):
+        x = r.standard_normal((B, V)).astype(np.float32)
+        x[r.integers(0, B, 8), r.integers(0, V, 8)] = x.max()  # ties with the largest
+        if B > 3:
+            x[1] = -np.inf
+            x[2, V // 2] = x[2, V - 1] = np.nan
+            x[3] = 3.0
+        yield x
+
+
+def test_the_greedy_token_is_jnp_argmax_by_the_kernel_and_by_the_reductions(monkeypatch):
+    assert cpu_kernels.available()  # built and registered
+    for built in (True, False):  # the kernel, then the reductions (the kernels not built)
+        monkeypatch.setattr(cpu_kernels, "available", lambda built=built: built)
+        greedy = jax.jit(lambda x: cpu_step.argmax(x))  # a new function: traced again, not cached
+        for x in greedy_cases():
+            want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+            np.testing.assert_array_equal(np.asarray(greedy(x)), want, err_msg=f"{x.shape}, kernel {built}")
+        assert ("ffi_call" in str(jax.make_jaxpr(lambda x: cpu_step.argmax(x))(x))) == built
+
+
 def test_the_kernel_is_taken_for_one_float32_query_position_and_a_head_dim_it_holds():
     q, k, _ = inputs(2, 4, 2, 8, 16)
-    assert cpu_attention.takes(q, k)
-    assert cpu_attention.takes(q, kv_quant.quantize(k, "int8"))
-    assert not cpu_attention.takes(jnp.concatenate([q, q], 1), k)  # two positions: a prefill, not a step
-    assert not cpu_attention.takes(q.astype(jnp.bfloat16), k)
-    assert not cpu_attention.takes(q, k.astype(jnp.bfloat16))
+    assert cpu_kernels.takes(q, k)
+    assert cpu_kernels.takes(q, kv_quant.quantize(k, "int8"))
+    assert not cpu_kernels.takes(jnp.concatenate([q, q], 1), k)  # two positions: a prefill, not a step
+    assert not cpu_kernels.takes(q.astype(jnp.bfloat16), k)
+    assert not cpu_kernels.takes(q, k.astype(jnp.bfloat16))
     q8, k8, _ = inputs(2, 4, 2, 8, 8)  # head dim 8: not a multiple of 16
-    assert not cpu_attention.takes(q8, k8)
+    assert not cpu_kernels.takes(q8, k8)
     # the attention module asks it only for a cached attention under the "cpu" decode kernel
     config = preset("tiny", num_heads=4, head_dim=16)
     for kernel, cached, taken in (("cpu", True, True), ("cpu", False, False), ("einsum", True, False)):
@@ -104,26 +131,25 @@ def test_the_kernel_is_taken_for_one_float32_query_position_and_a_head_dim_it_ho
 def test_a_compiler_that_cannot_build_it_is_one_line_and_decoding_takes_xlas_products(
     tmp_path, monkeypatch, capsys
 ):
-    with pytest.raises(cpu_attention.BuildError, match=r"^/nonexistent/c\+\+ could not run"):
-        cpu_attention.build(cxx="/nonexistent/c++", directory=tmp_path)
-    with pytest.raises(cpu_attention.BuildError, match=r"^false failed \(exit 1\)"):
-        cpu_attention.build(cxx="false", directory=tmp_path)
+    with pytest.raises(cpu_kernels.BuildError, match=r"^/nonexistent/c\+\+ could not run"):
+        cpu_kernels.build(cxx="/nonexistent/c++", directory=tmp_path)
+    with pytest.raises(cpu_kernels.BuildError, match=r"^false failed \(exit 1\)"):
+        cpu_kernels.build(cxx="false", directory=tmp_path)
     assert not list(tmp_path.iterdir())  # no half-written library left behind
-    assert cpu_attention.available()  # this machine's compiler built it (once per machine and source)
-    built = cpu_attention.library_path()
-    assert built.stat().st_size > 0 and cpu_attention.build(cxx="false") == built  # not compiled again
+    assert cpu_kernels.available()  # this machine's compiler built it (once per machine and source)
+    built = cpu_kernels.library_path()
+    assert built.stat().st_size > 0 and cpu_kernels.build(cxx="false") == built  # not compiled again
 
     # no compiler: said once, and the attention takes XLA's products
     def no_compiler(*args, **kwargs):
-        raise cpu_attention.BuildError("g++ could not run (no such file)")
+        raise cpu_kernels.BuildError("g++ could not run (no such file)")
 
-    monkeypatch.setattr(cpu_attention, "build", no_compiler)
-    monkeypatch.setattr(cpu_attention, "available", functools.cache(cpu_attention.available.__wrapped__))
+    monkeypatch.setattr(cpu_kernels, "build", no_compiler)
+    monkeypatch.setattr(cpu_kernels, "available", functools.cache(cpu_kernels.available.__wrapped__))
     q, k, _ = inputs(2, 4, 2, 8, 16)
-    assert not cpu_attention.available() and not cpu_attention.takes(q, k)
-    assert (
-        "the CPU attention kernel is not available (g++ could not run (no such file)); decoding takes "
-        in (capsys.readouterr().err)
+    assert not cpu_kernels.available() and not cpu_kernels.takes(q, k)
+    assert "the CPU decode kernels are not available (g++ could not run (no such file)); decoding takes " in (
+        capsys.readouterr().err
     )
     attn = Attention(preset("tiny", num_heads=4, head_dim=16), 2, rngs=nnx.Rngs(0), cached=True, kernel="cpu")
     assert "ffi_call" not in str(jax.make_jaxpr(lambda q, k, v: attn.attend(q, k, v))(q, k, k))

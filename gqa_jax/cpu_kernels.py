@@ -1,20 +1,23 @@
-"""The CPU decode step's attention over its cache: a kernel of our own (``cpu_attention.cc``),
-called through ``jax.ffi``.
+"""The CPU decode step's kernels of our own, in C++ called through ``jax.ffi``: its attention over
+the cache (``cpu_attention.cc``, :func:`attend`) and its greedy token (``cpu_argmax.cc``,
+:func:`argmax`).
 
 XLA:CPU takes a decode step's attention products as a library call per (batch row, K/V head):
 hundreds of tiny matrix products a step, at a fraction of the machine's memory bandwidth, slower
-still on an int8 cache (docs/results/decoding.md). The kernel reads each K/V head's cache once,
-in order, for all G query heads of its group, and only the keys the mask shows. Its math is
-``attention.grouped_attention``'s for one query position (the tests compare the two).
+still on an int8 cache (docs/results/decoding.md). The attention kernel reads each K/V head's cache
+once, in order, for all G query heads of its group, and only the keys the mask shows. Its math is
+``attention.grouped_attention``'s for one query position (the tests compare the two). XLA:CPU's
+argmax over the step's ``[V, B]`` logits (the out-major output layer's) takes several times as long
+as reading them; the argmax kernel reads them once.
 
-It is compiled on first use, with the C++ compiler ``$CXX`` (else ``g++``) for this machine
-(``-march=native``), into ``$GQA_JAX_KERNEL_DIR`` (else ``$XDG_CACHE_HOME/gqa_jax``, else
-``~/.cache/gqa_jax``), named by a hash of its source, flags, jaxlib version and CPU, so a second
-process loads it. Where it cannot be built (no compiler) decoding says so once and takes XLA's
-products, with the same tokens.
+They are compiled on first use, into one library, with the C++ compiler ``$CXX`` (else ``g++``)
+for this machine (``-march=native``), into ``$GQA_JAX_KERNEL_DIR`` (else
+``$XDG_CACHE_HOME/gqa_jax``, else ``~/.cache/gqa_jax``), named by a hash of the sources, flags,
+jaxlib version and CPU, so a second process loads it. Where it cannot be built (no compiler)
+decoding says so once and takes XLA's products and reductions, with the same tokens.
 
 ``attention.Attention.attend`` asks :func:`takes` under the ``"cpu"`` decode kernel
-(``config.KERNELS``).
+(``config.KERNELS``); ``cpu_step.argmax`` asks :func:`available`.
 """
 
 from __future__ import annotations
@@ -37,15 +40,18 @@ from gqa_jax.log import log_once
 
 Array = jax.Array
 
-SOURCE = Path(__file__).with_suffix(".cc")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "cpu_attention.cc", HERE / "cpu_argmax.cc")  # one library
+HEADERS = (HERE / "cpu_vectors.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-std=c++17", "-shared", "-fPIC", "-w")
 HEAD_DIM_MULTIPLE, HEAD_DIM_MAX = 16, 128  # the head dims the kernel takes: 16, 32, ..., 128
-TARGETS = {"float32": "gqa_jax_cpu_attention_f32", "int8": "gqa_jax_cpu_attention_s8"}
-KERNEL_DIR_ENV = "GQA_JAX_KERNEL_DIR"  # where the compiled kernel goes (default: the user's cache)
+TARGETS = {"float32": "gqa_jax_cpu_attention_f32", "int8": "gqa_jax_cpu_attention_s8"}  # the attention's
+ARGMAX_TARGET = "gqa_jax_cpu_argmax"
+KERNEL_DIR_ENV = "GQA_JAX_KERNEL_DIR"  # where the compiled library goes (default: the user's cache)
 
 
 class BuildError(RuntimeError):
-    """The kernel could not be compiled or loaded; the message says why in one line."""
+    """The kernels could not be compiled or loaded; the message says why in one line."""
 
 
 def _cpu_id() -> str:
@@ -58,17 +64,18 @@ def _cpu_id() -> str:
 
 
 def library_path(directory: str | os.PathLike | None = None) -> Path:
-    """Where the compiled kernel for this source, compiler flags, jaxlib and CPU lives: in
+    """Where the compiled kernels for these sources, compiler flags, jaxlib and CPU live: in
     ``directory``, else ``$GQA_JAX_KERNEL_DIR``, else ``$XDG_CACHE_HOME/gqa_jax`` (``~/.cache/gqa_jax``)."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     directory = directory or os.environ.get(KERNEL_DIR_ENV) or os.path.join(cache, "gqa_jax")
-    what = [SOURCE.read_text(), " ".join(FLAGS), importlib.metadata.version("jaxlib"), _cpu_id()]
+    texts = [f.read_text() for f in (*SOURCES, *HEADERS)]
+    what = [*texts, " ".join(FLAGS), importlib.metadata.version("jaxlib"), _cpu_id()]
     key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:16]
-    return Path(directory) / f"cpu_attention-{key}.so"
+    return Path(directory) / f"cpu_kernels-{key}.so"
 
 
 def build(cxx: str | None = None, directory: str | os.PathLike | None = None) -> Path:
-    """The compiled kernel's path, compiling it first if no process has (written under a temporary
+    """The compiled library's path, compiling it first if no process has (written under a temporary
     name, then renamed: two processes building at once each get a whole library)."""
     out = library_path(directory)
     if out.is_file():
@@ -77,7 +84,7 @@ def build(cxx: str | None = None, directory: str | os.PathLike | None = None) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.stem, suffix=".so.tmp", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", tmp]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:
@@ -93,17 +100,22 @@ def build(cxx: str | None = None, directory: str | os.PathLike | None = None) ->
 
 @functools.cache
 def available() -> bool:
-    """Whether the kernel is built and registered with XLA in this process (once; a failure is
-    logged once, and decoding takes XLA's products)."""
+    """Whether the kernels are built and registered with XLA in this process (once; a failure is
+    logged once, and decoding takes XLA's products and reductions)."""
     try:
         lib = ctypes.cdll.LoadLibrary(str(build()))
-        for name, symbol in (("float32", lib.GqaAttendF32), ("int8", lib.GqaAttendS8)):
-            jax.ffi.register_ffi_target(TARGETS[name], jax.ffi.pycapsule(symbol), platform="cpu")
+        symbols = {
+            TARGETS["float32"]: lib.GqaAttendF32,
+            TARGETS["int8"]: lib.GqaAttendS8,
+            ARGMAX_TARGET: lib.GqaArgmax,
+        }
+        for target, symbol in symbols.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
     except (BuildError, OSError, AttributeError) as e:
         log_once(
-            "cpu_attention",
-            f"gqa_jax: the CPU attention kernel is not available ({e}); decoding takes XLA's "
-            "products (set CXX to a C++17 compiler to build it)",
+            "cpu_kernels",
+            f"gqa_jax: the CPU decode kernels are not available ({e}); decoding takes XLA's "
+            "products (set CXX to a C++17 compiler to build them)",
         )
         return False
     return True
@@ -115,7 +127,7 @@ def _cache_dtype(k: Array | kv_quant.QuantizedKV) -> str:
 
 def takes(q: Array, k: Array | kv_quant.QuantizedKV) -> bool:
     """Whether :func:`attend` takes this attention: one query position (a decode step), float32
-    queries, a float32 or int8 cache, a head dim of 16, 32, ..., 128, and the kernel built."""
+    queries, a float32 or int8 cache, a head dim of 16, 32, ..., 128, and the kernels built."""
     T, H = q.shape[1], q.shape[-1]
     return (
         T == 1
@@ -146,7 +158,7 @@ def attend(
       ``[B, 1, N, H]`` float32.
     """
     if not available():
-        raise BuildError("the CPU attention kernel is not available (its build failure is logged above)")
+        raise BuildError("the CPU decode kernels are not available (their build failure is logged above)")
     B, T, N, H = q.shape
     S = k.shape[2]
     if isinstance(k, kv_quant.QuantizedKV):  # scales [B, K, S, 1] -> [B, K, S]
@@ -159,3 +171,14 @@ def attend(
         TARGETS[k.dtype.name], jax.ShapeDtypeStruct((B, N, H), jnp.float32), vmap_method="sequential"
     )
     return call(q.reshape(B, N, H), k, v, ks, vs, b, m).reshape(B, T, N, H)
+
+
+def argmax(by_token: Array) -> Array:
+    """``jnp.argmax(by_token, 0)`` by the kernel: for each column of ``[V, B]`` float32 logits, the
+    first index of its largest value, or of its first NaN; ``[B]`` int32."""
+    if not available():
+        raise BuildError("the CPU decode kernels are not available (their build failure is logged above)")
+    call = jax.ffi.ffi_call(
+        ARGMAX_TARGET, jax.ShapeDtypeStruct(by_token.shape[1:], jnp.int32), vmap_method="sequential"
+    )
+    return call(by_token)

@@ -16,7 +16,7 @@ math, and the modules never see it:
 - The prefill in row chunks (:func:`encode_chunk_rows`). Encoding a few rows at a time keeps a
   chunk's activations and ``[N, S, S]`` logits in the CPU caches through a layer.
 
-Both were measured faster on the CPU than the plain program (docs/results/decoding.md); the tokens
+Each was measured faster on the CPU than the plain program (docs/results/decoding.md); the tokens
 are the plain program's (the tests compare them).
 """
 

@@ -17,7 +17,7 @@ jaxlib version and CPU, so a second process loads it. Where it cannot be built (
 decoding says so once and takes XLA's products and reductions, with the same tokens.
 
 ``attention.Attention.attend`` asks :func:`takes` under the ``"cpu"`` decode kernel
-(``config.KERNELS``); ``cpu_step.argmax`` asks :func:`available`.
+(``config.KERNELS``); ``cpu_step.argmax`` asks :func:`argmax_takes`.
 """
 
 from __future__ import annotations
@@ -171,6 +171,14 @@ def attend(
         TARGETS[k.dtype.name], jax.ShapeDtypeStruct((B, N, H), jnp.float32), vmap_method="sequential"
     )
     return call(q.reshape(B, N, H), k, v, ks, vs, b, m).reshape(B, T, N, H)
+
+
+def argmax_takes(by_token: Array) -> bool:
+    """Whether :func:`argmax` takes these ``[V, B]`` logits: float32, ``B`` a multiple of 16 or a
+    divisor of 16 (whole vectors of 16 lanes; other batches' last rows go one at a time, no faster
+    than XLA's reductions), and the kernels built."""
+    B = by_token.shape[1]
+    return by_token.dtype == jnp.float32 and (B % 16 == 0 or 16 % B == 0) and available()
 
 
 def argmax(by_token: Array) -> Array:

@@ -51,13 +51,13 @@ def kernel_for(mesh: Any) -> str:
 
 def argmax(logits: jax.Array) -> jax.Array:
     """``jnp.argmax(logits, -1)`` of a CPU step's ``[B, V]`` logits, read in the ``[V, B]`` they lie
-    in (``layers.project``'s out-major product): float32 by the argmax kernel
-    (``cpu_kernels.argmax``), else (another dtype, or the kernels not built) in two plain
+    in (``layers.project``'s out-major product): by the argmax kernel where it takes them
+    (``cpu_kernels.argmax_takes``: float32, a batch in whole vectors), else in two plain
     reductions, the largest logit (a NaN if the row has one) and then the first index that holds
     it. XLA:CPU runs argmax's one (value, index) reduction across that layout several times slower
     than either."""
     by_token = logits.T  # [V, B]: as the out-major product laid them out (no copy)
-    if by_token.dtype == jnp.float32 and cpu_kernels.available():
+    if cpu_kernels.argmax_takes(by_token):
         return cpu_kernels.argmax(by_token)
     V = by_token.shape[0]
     best = jnp.max(by_token, axis=0)  # [B]

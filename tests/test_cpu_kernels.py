@@ -87,28 +87,38 @@ def test_a_cpu_decode_takes_the_kernel_and_gives_the_einsum_kernels_tokens():
 
 
 def greedy_cases():
-    """``[B, V]`` logits: ties, a row of -inf, a row with two NaNs, a constant row, rows beyond a
-    multiple of 16 (the kernel's last rows one at a time) and vocabularies shorter than its 4 runs."""
+    """``[B, V]`` logits: ties, a row of -inf, a row with two NaNs, a constant row; 16 rows at a
+    time, rows beyond a multiple of 16 (one at a time), fewer rows that divide 16 (several tokens
+    a vector, and tokens past the last whole vector), vocabularies shorter than the kernel's 4 runs."""
     r = np.random.default_rng(0)
-    for B, V in ((32, 8000), (3, 7), (17, 100), (16, 1), (48, 33), (1, 5), (2, 2)):
+    shapes = ((32, 8000), (3, 7), (17, 100), (16, 1), (48, 33), (1, 5), (2, 2), (8, 100), (4, 33), (1, 40))
+    for B, V in shapes:
         x = r.standard_normal((B, V)).astype(np.float32)
         x[r.integers(0, B, 8), r.integers(0, V, 8)] = x.max()  # ties with the largest
         if B > 3:
             x[1] = -np.inf
             x[2, V // 2] = x[2, V - 1] = np.nan
             x[3] = 3.0
+        elif V > 30:
+            x[-1, 20] = x[-1, 35] = np.nan
         yield x
 
 
 def test_the_greedy_token_is_jnp_argmax_by_the_kernel_and_by_the_reductions(monkeypatch):
     assert cpu_kernels.available()  # built and registered
-    for built in (True, False):  # the kernel, then the reductions (the kernels not built)
-        monkeypatch.setattr(cpu_kernels, "available", lambda built=built: built)
-        greedy = jax.jit(lambda x: cpu_step.argmax(x))  # a new function: traced again, not cached
-        for x in greedy_cases():
-            want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
-            np.testing.assert_array_equal(np.asarray(greedy(x)), want, err_msg=f"{x.shape}, kernel {built}")
-        assert ("ffi_call" in str(jax.make_jaxpr(lambda x: cpu_step.argmax(x))(x))) == built
+    for x in greedy_cases():
+        B, want = x.shape[0], np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+        by_kernel = jax.jit(cpu_kernels.argmax)(jnp.asarray(x.T))  # every batch, the last rows too
+        np.testing.assert_array_equal(np.asarray(by_kernel), want, err_msg=str(x.shape))
+        np.testing.assert_array_equal(np.asarray(jax.jit(cpu_step.argmax)(x)), want, err_msg=str(x.shape))
+        taken = "ffi_call" in str(jax.make_jaxpr(cpu_step.argmax)(x))
+        assert taken == (B % 16 == 0 or 16 % B == 0), x.shape  # else the reductions
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)  # the kernels not built: the reductions
+    greedy = jax.jit(lambda x: cpu_step.argmax(x))  # a new function: traced again, not cached
+    for x in greedy_cases():
+        want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+        np.testing.assert_array_equal(np.asarray(greedy(x)), want, err_msg=f"{x.shape}, no kernels")
+        assert "ffi_call" not in str(jax.make_jaxpr(lambda x: cpu_step.argmax(x))(x))
 
 
 def test_the_kernel_is_taken_for_one_float32_query_position_and_a_head_dim_it_holds():

@@ -42,7 +42,7 @@ inline void take(Best& b, f16v x, i16v at) {
 
 // a with b merged in, every index b has seen being after a's.
 inline void merge(Best& a, const Best& b) {
-  const i16v now = ((b.x > a.x) & ~b.nan | b.nan) & ~a.nan;
+  const i16v now = (((b.x > a.x) & ~b.nan) | b.nan) & ~a.nan;  // a NaN, else larger
   a.x = now ? b.x : a.x;
   a.at = now ? b.at : a.at;
   a.nan |= b.nan;

@@ -103,21 +103,21 @@ ffi::Error Argmax(ffi::Buffer<ffi::F32> logits, ffi::ResultBuffer<ffi::S32> out)
   if (V < 1) return ffi::Error::InvalidArgument("argmax over an empty vocabulary");
   const float* x = logits.typed_data();
   int32_t* o = out->typed_data();
-  i16v first = {};  // every lane's first index: 0
+  if (B < L && L % B == 0) {  // 1, 2, 4 or 8 rows
+    argmax_narrow(x, V, B, o);
+    return ffi::Error::Success();
+  }
+  const i16v first = {};  // every lane's first index: 0
   int64_t b0 = 0;
   for (; b0 + L <= B; b0 += L) {  // 16 rows at a time
     const Best r = runs(x + b0, V, B, 1, first);
     std::memcpy(o + b0, &r.at, sizeof(r.at));
   }
-  if (b0 < B && b0 == 0 && L % B == 0) {
-    argmax_narrow(x, V, B, o);
-  } else {
-    for (; b0 < B; ++b0) {  // the last rows, one at a time
-      float best = x[b0];
-      int32_t at = 0;
-      for (int64_t v = 1; v < V; ++v) better(best, at, x[v * B + b0], static_cast<int32_t>(v));
-      o[b0] = at;
-    }
+  for (; b0 < B; ++b0) {  // the last rows, one at a time
+    float best = x[b0];
+    int32_t at = 0;
+    for (int64_t v = 1; v < V; ++v) better(best, at, x[v * B + b0], static_cast<int32_t>(v));
+    o[b0] = at;
   }
   return ffi::Error::Success();
 }

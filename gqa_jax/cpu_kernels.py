@@ -121,6 +121,12 @@ def available() -> bool:
     return True
 
 
+def _require() -> None:
+    """:class:`BuildError` unless the kernels are built (their build failure is logged once)."""
+    if not available():
+        raise BuildError("the CPU decode kernels are not available (their build failure is logged above)")
+
+
 def _cache_dtype(k: Array | kv_quant.QuantizedKV) -> str:
     return (k.values if isinstance(k, kv_quant.QuantizedKV) else k).dtype.name
 
@@ -157,8 +163,7 @@ def attend(
     Returns:
       ``[B, 1, N, H]`` float32.
     """
-    if not available():
-        raise BuildError("the CPU decode kernels are not available (their build failure is logged above)")
+    _require()
     B, T, N, H = q.shape
     S = k.shape[2]
     if isinstance(k, kv_quant.QuantizedKV):  # scales [B, K, S, 1] -> [B, K, S]
@@ -184,8 +189,7 @@ def argmax_takes(by_token: Array) -> bool:
 def argmax(by_token: Array) -> Array:
     """``jnp.argmax(by_token, 0)`` by the kernel: for each column of ``[V, B]`` float32 logits, the
     first index of its largest value, or of its first NaN; ``[B]`` int32."""
-    if not available():
-        raise BuildError("the CPU decode kernels are not available (their build failure is logged above)")
+    _require()
     call = jax.ffi.ffi_call(
         ARGMAX_TARGET, jax.ShapeDtypeStruct(by_token.shape[1:], jnp.int32), vmap_method="sequential"
     )

@@ -1,6 +1,11 @@
 """``python tests/kill_points.py POINT STEP -- <gqa_jax arguments>``: run the command line in a
 process that SIGKILLs itself at one chosen point, as a power cut or an OOM killer would.
 
+``python tests/kill_points.py serve``: the same for each request on stdin, one JSON object a line
+(``{"point", "step", "argv", "stderr": PATH}``), in a child forked from this process (its imports
+paid once, not per run; no JAX backend has started here), its stderr written to ``PATH``; the
+answer on stdout is ``{"rc": ...}`` (``-9``: the kill came). ``KillPoints`` is the tests' side.
+
 POINT is one of
   save-start  when checkpoint STEP is about to be written (nothing of it on disk yet)
   save-commit when every file of checkpoint STEP is written, before orbax renames it into place
@@ -8,6 +13,7 @@ POINT is one of
 """
 
 import gc
+import json
 import os
 import signal
 import sys
@@ -27,10 +33,8 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main() -> None:
-    point, step, sep, *argv = sys.argv[1:]
-    assert sep == "--", "usage: kill_points.py POINT STEP -- <gqa_jax arguments>"
-    step = int(step)
+def arm(point: str, step: int) -> None:
+    """Make this process SIGKILL itself at ``point`` (checkpoint ``step``'s, for the saves)."""
     if point == "save-start":
         save = ocp.CheckpointManager.save
 
@@ -60,8 +64,33 @@ def main() -> None:
         os.replace = replace_or_die
     else:
         raise SystemExit(f"unknown kill point {point}")
-    sys.exit(cli.main(argv))
+
+
+def serve() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the run: stdout dropped, stderr to its file, killed at its point
+            with open(request["stderr"], "wb") as err, open(os.devnull, "wb") as out:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+            code = 1
+            try:
+                arm(request["point"], request["step"])
+                code = cli.main(request["argv"])
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        status = os.waitpid(pid, 0)[1]
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["serve"]:
+        serve()
+    else:
+        point, step, sep, *argv = sys.argv[1:]
+        assert sep == "--", "usage: kill_points.py POINT STEP -- <gqa_jax arguments>"
+        arm(point, int(step))
+        sys.exit(cli.main(argv))

@@ -1,11 +1,13 @@
 """Exact resume after SIGKILL: the end-to-end test of ``train`` killed in real processes.
 
 A run killed at any point (before its first checkpoint, while a checkpoint is committed, while
-the final model is exported; each kill a process of its own) and restarted ends with the metrics
-and the state of an uninterrupted run, bit for bit (CPU): parameters, optimizer state and every
-logged step. The uninterrupted run and the restart run in this process (``gqa_jax.__main__.main``:
-a process start costs seconds of imports, and they are not what is killed)."""
+the final model is exported; each kill a process of its own, forked from one that imported the
+package once) and restarted ends with the metrics and the state of an uninterrupted run, bit for
+bit (CPU): parameters, optimizer state and every logged step. The uninterrupted run and the
+restart run in this process (``gqa_jax.__main__.main``: a process start costs seconds of imports,
+and they are not what is killed)."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -22,13 +24,28 @@ from gqa_jax.data import stdlib_extract
 REPO = Path(__file__).resolve().parents[1]
 
 
-def killed_at(point, step, workdir, data, vocab, steps, env):
-    """Run ``train`` in a process that SIGKILLs itself at ``point`` (tests/kill_points.py)."""
-    argv = command(workdir, data, vocab, steps)[3:]  # the arguments after `python -m gqa_jax`
-    run = subprocess.run([sys.executable, "tests/kill_points.py", point, str(step), "--", *argv], cwd=REPO,
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)  # fmt: skip
-    assert run.returncode == -signal.SIGKILL, run.stderr.decode()[-3000:]
-    return run.stderr.decode()
+class KillPoints:
+    """``tests/kill_points.py serve``: each run a process forked from one that imported the package
+    once (a process start per run cost 2.7 s of CPU in imports)."""
+
+    def __init__(self, env):
+        self.proc = subprocess.Popen([sys.executable, "tests/kill_points.py", "serve"], cwd=REPO, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def killed_at(self, point, step, workdir, data, vocab, steps):
+        """Run ``train`` in a process that SIGKILLs itself at ``point``; its stderr."""
+        argv = command(workdir, data, vocab, steps)[3:]  # the arguments after `python -m gqa_jax`
+        err = workdir.parent / f"{point}.err"
+        request = {"point": point, "step": step, "argv": argv, "stderr": str(err)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer and json.loads(answer)["rc"] == -signal.SIGKILL, err.read_text()[-3000:]
+        return err.read_text()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def names(directory):
@@ -41,12 +58,13 @@ def test_sigkill_anywhere_then_restart_continue_bitwise(suite_subset, small_voca
     monkeypatch.setenv(stdlib_extract.MAX_FILES_ENV, "16")  # the subset, for the runs in this process
     full, killed = tmp_path / "full", tmp_path / "killed"
     total = 3 * N
+    kills = KillPoints(env)  # its imports beside the uninterrupted run
     assert cli.main(command(full, data, small_vocab.path, total)[3:]) == 0  # the uninterrupted run
     # 1. before the first checkpoint (step 0's, written before anything trains)
-    killed_at("save-start", 0, killed, data, small_vocab.path, total, env)
+    kills.killed_at("save-start", 0, killed, data, small_vocab.path, total)
     assert names(killed / "checkpoints") == [] and not metric_writers.read_metrics(killed)
     # 2. while checkpoint 2N is committed: its files are written, it is not renamed into place
-    err = killed_at("save-commit", 2 * N, killed, data, small_vocab.path, total, env)
+    err = kills.killed_at("save-commit", 2 * N, killed, data, small_vocab.path, total)
     assert "taking over the stale lock" in err and "no longer runs" in err  # the killed run's lock
     ckpts = names(killed / "checkpoints")
     assert (
@@ -55,7 +73,8 @@ def test_sigkill_anywhere_then_restart_continue_bitwise(suite_subset, small_voca
         and ckpts[2].startswith(f"{2 * N}.orbax-checkpoint-tmp")
     )
     # 3. during the final export, after the last checkpoint: resumed from N, it trains to the end
-    killed_at("export", 0, killed, data, small_vocab.path, total, env)
+    kills.killed_at("export", 0, killed, data, small_vocab.path, total)
+    kills.close()
     assert str(total) in names(killed / "checkpoints") and not (killed / "model").exists()
     assert any(n.startswith("model.tmp-") for n in names(killed))
     # 4. the restart resumes at the end, removes what the kills left, and exports

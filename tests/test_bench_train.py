@@ -19,11 +19,15 @@ def test_forward_flops_by_hand():
 
 
 def test_bench_train_runs_and_reports(capsys):
+    # the peak over small matmuls: the default sizes take seconds, and no check reads the rate
     code = main(["bench", "train", "--presets", "tiny", "--batch", "2", "--input-len", "16", "--target-len",
-                 "8", "--steps", "1"])  # fmt: skip
+                 "8", "--steps", "1", "--peak-sizes", "64,128"])  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
     assert "matmul peak" in out and "| tiny |" in out and "%" in out
+    assert "(128x128x128, float32)" in out or "(64x64x64, float32)" in out  # the peak: a size asked for
+    assert main(["bench", "train", "--peak-sizes", "64,x"]) == 2
+    assert "--peak-sizes='64,x' must be comma-separated integers" in capsys.readouterr().err
 
 
 def test_bench_train_bad_preset(capsys):

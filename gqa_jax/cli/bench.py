@@ -215,6 +215,12 @@ def _add_train_args(sub: Any) -> None:
     )
     t.add_argument("--steps", type=options.positive_int, default=3, help="timed steps (default: %(default)s)")
     t.add_argument(
+        "--peak-sizes",
+        default=None,
+        help="comma-separated N: the [N, N] x [N, N] matmuls whose best rate is the peak (default: "
+        "1024,2048,3072; on a GPU or TPU also 8192)",
+    )
+    t.add_argument(
         "--microbatches", type=options.positive_int, default=1, help="gradient accumulation (default: 1)"
     )
     options.add_dtype(t, default="float32", choices=DTYPES, help="activations (default: %(default)s)")
@@ -224,7 +230,7 @@ def _add_train_args(sub: Any) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from gqa_jax.log import log
-    from gqa_jax.tools import bench_train
+    from gqa_jax.tools import bench_models, bench_train
 
     presets = list(options.comma_list(args.presets))
     unknown = [p for p in presets if p not in args.presets_choices]
@@ -232,9 +238,10 @@ def _run_train(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--presets: unknown {unknown or presets}; choose from {', '.join(args.presets_choices)}"
         )
+    sizes = None if args.peak_sizes is None else bench_models.parse_lengths(args.peak_sizes, "--peak-sizes")
     res = bench_train.run_train_bench(
         presets, batch=args.batch, input_len=args.input_len, target_len=args.target_len, steps=args.steps,
-        dtype=args.dtype, num_microbatches=args.microbatches, log=log,
+        dtype=args.dtype, num_microbatches=args.microbatches, peak_sizes=sizes, log=log,
     )  # fmt: skip
     print(bench_train.report(res), flush=True)
     options.write_json(res, args.json)

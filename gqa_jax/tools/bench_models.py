@@ -47,14 +47,14 @@ def parse_kv_heads(text: str | None, num_heads: int) -> list[int]:
     return sorted({num_heads, *ks}, reverse=True)
 
 
-def parse_lengths(text: str) -> list[int]:
-    """``"64,256,512"`` -> [64, 256, 512] (sorted, deduplicated)."""
+def parse_lengths(text: str, flag: str = "--lengths") -> list[int]:
+    """``"64,256,512"`` -> [64, 256, 512] (sorted, deduplicated); errors name ``flag``."""
     try:
         lengths = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise ValueError(f"--lengths={text!r} must be comma-separated integers") from None
+        raise ValueError(f"{flag}={text!r} must be comma-separated integers") from None
     if not lengths or lengths[0] < 1:
-        raise ValueError(f"--lengths={text!r} must be positive integers")
+        raise ValueError(f"{flag}={text!r} must be positive integers")
     return lengths
 
 

@@ -141,11 +141,13 @@ def run_train_bench(
     dtype: str = "float32",
     num_microbatches: int = 1,
     seed: int = 0,
+    peak_sizes: Sequence[int] | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """The benchmark: the matmul peak, then one row per preset."""
+    """The benchmark: the matmul peak (over ``peak_sizes``, default :func:`matmul_peak`'s), then one
+    row per preset."""
     log("measuring the matmul peak ...")
-    peak = matmul_peak(jnp.dtype(dtype))
+    peak = matmul_peak(jnp.dtype(dtype), peak_sizes)
     log(f"matmul peak {peak['gflop_s']:.1f} GFLOP/s ({peak['shape']}, {peak['dtype']})")
     rows = []
     for name in presets:

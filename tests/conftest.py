@@ -168,6 +168,7 @@ EIGHT_DEVICES = (
     "test_sharding.py::test_sharded_init_train_step_and_decoding_equal_one_device_on_every_mesh",
     "test_sharding.py::test_every_k_decodes_on_the_decode_layout_as_on_one_device",
     "test_checkpoints_sharded.py",
+    "test_plan.py::test_eight_devices_cache_and_arguments_per_device",
 )
 FIRST = (
     ("test_mini.py", "test_resume.py", "test_multihost.py"),

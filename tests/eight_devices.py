@@ -7,7 +7,8 @@ CPU devices, in one process (one start-up, one JAX; started once per pytest work
   beam search against one device, per ``EQUIVALENCE_CASES``;
 - ``decode`` (tests/sharded_decode.py): every K on the decode layout against one device;
 - ``loading``, ``train`` (tests/sharded_loading.py): every checkpoint format loaded onto 2x4, and
-  uptraining and fine-tuning from a checkpoint on 2x4, against one device.
+  uptraining and fine-tuning from a checkpoint on 2x4, against one device;
+- ``plan`` (tests/sharded_plan.py): ``plan`` on a 2x4 mesh, the cache and arguments per device.
 
 A part that raises prints ``{"part": ..., "error": <traceback>}`` and the next part runs.
 """
@@ -26,6 +27,7 @@ import jax  # noqa: E402
 import sharded_decode  # noqa: E402
 import sharded_equivalence  # noqa: E402
 import sharded_loading  # noqa: E402
+import sharded_plan  # noqa: E402
 
 gc.freeze()
 gc.enable()
@@ -48,6 +50,7 @@ def parts(out_dir: Path, vocab: str) -> dict:
         "decode": lambda: sharded_decode.main(decode),
         "loading": lambda: sharded_loading.main(out_dir / "loading"),
         "train": lambda: sharded_loading.train_from_a_checkpoint(out_dir / "train", vocab),
+        "plan": sharded_plan.main,
     }
 
 

@@ -1,23 +1,16 @@
 """The memory plan: ahead-of-time compiles on abstract shapes, per-device bytes consistent with the
-shardings and the cache formula, the batch search, and the CLI (tiny preset; the 8-device mesh in a
-subprocess so this process keeps its single CPU device)."""
+shardings and the cache formula, the batch search, and the CLI (tiny preset; the 8-device mesh in
+the process of the ``eight_devices`` fixture, so this process keeps its single CPU device)."""
 
 import json
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
-import xla_env
 
 from gqa_jax import cache
 from gqa_jax.__main__ import main
 from gqa_jax.config import preset
 from gqa_jax.tools import batch_search, plan
 from gqa_jax.tools.info import param_counts
-
-HERE = Path(__file__).resolve().parent
 
 
 def _settings(**kw):
@@ -100,37 +93,13 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
     assert "invalid choice: 'huge'" in capsys.readouterr().err
 
 
-# On 8 simulated devices: the cache is divided by data x model when model divides K, by data only
-# when it does not (K/V heads replicated); every device's compiled argument bytes are its shards'
-# (checked in the plan), less than the whole model's (so memory_analysis counts one device); a
-# batch the data axis does not divide is a clear error.
-SCRIPT = textwrap.dedent(
-    """
-    import json
-    from gqa_jax.tools import plan, plan_report
-    from gqa_jax.__main__ import main
-
-    out = {}
-    for mesh, k in (("2x4", 4), ("2x4", 2)):
-        s = plan.PlanSettings(preset="tiny", num_kv_heads=k, mesh=mesh, batch=4, input_len=16, output_len=8,
-                              programs=("decode",), batch_search=())
-        res = plan.plan(s)
-        out[f"{mesh}:{k}"] = {"checks": res["checks"], "decode": res["programs"]["decode"],
-                              "report": plan_report.report(res)}
-    out["bad_batch"] = main("plan --preset tiny --mesh 2x4 --batch 3 --no-batch-search".split())
-    print("JSON" + json.dumps(out))
-    """
-)
-
-
-def test_eight_devices_cache_and_arguments_per_device():
-    env = xla_env.cpu_devices(8)
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300, cwd=HERE.parent
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(line[4:] for line in proc.stdout.splitlines() if line.startswith("JSON")))
-    assert out["bad_batch"] == 2 and "not divisible by the data axis size 2" in proc.stderr
+def test_eight_devices_cache_and_arguments_per_device(eight_devices):
+    """On 8 simulated devices (tests/sharded_plan.py): the cache is divided by data x model when model
+    divides K, by data only when it does not (K/V heads replicated); every device's compiled
+    argument bytes are its shards' (checked in the plan), less than the whole model's (so
+    memory_analysis counts one device); a batch the data axis does not divide is a clear error."""
+    (out,) = eight_devices("plan")
+    assert out["bad_batch"] == 2 and "not divisible by the data axis size 2" in out["bad_batch_stderr"]
     sharded, replicated = out["2x4:4"], out["2x4:2"]
     for r in (sharded, replicated):
         assert all(c["ok"] for c in r["checks"]), r["checks"]

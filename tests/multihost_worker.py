@@ -1,7 +1,9 @@
-"""One process of a simulated two-host run (started twice by tests/test_multihost.py).
+"""The processes of a simulated two-host run (tests/test_multihost.py starts process 0).
 
 Environment: GQA_JAX_COORDINATOR / GQA_JAX_NUM_PROCESSES / GQA_JAX_PROCESS_ID and
-XLA_FLAGS=--xla_force_host_platform_device_count=4 (4 CPU devices per process, 8 in all).
+XLA_FLAGS=--xla_force_host_platform_device_count=4 (4 CPU devices per process, 8 in all); with
+GQA_JAX_FORK_PEER=PATH, process 0 forks process 1 once their imports are done (paid once, not
+twice; no JAX backend has started yet), process 1's output to PATH, and exits 1 if it failed.
 Usage: multihost_worker.py OUT_DIR MESH:K [MESH:K ...] [-- TRAIN ARGUMENTS]
 
 Per case: sharded init, one train step on a global batch fed half by each process (or whole by
@@ -16,15 +18,12 @@ from step 2 (``train_twice``).
 
 import gc
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 gc.disable()  # its imports' objects live as long as it does: frozen below, never walked (tests/conftest.py)
-
-from gqa_jax import distributed  # noqa: E402
-
-distributed.initialize_distributed()  # before anything touches the devices
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -33,10 +32,11 @@ from jax.experimental import multihost_utils  # noqa: E402
 from t5x_files import t5x_from_ours, write_legacy  # noqa: E402
 
 from gqa_jax import __main__ as cli  # noqa: E402
-from gqa_jax import checkpoints, decoding, sharding, training  # noqa: E402
+from gqa_jax import checkpoints, decoding, distributed, sharding, training  # noqa: E402
 from gqa_jax import model as model_lib  # noqa: E402
 from gqa_jax.checkpoints import layout  # noqa: E402
 from gqa_jax.config import preset  # noqa: E402
+from gqa_jax.experiments.forks import die_with_parent  # noqa: E402
 from gqa_jax.tools.bench_train import synthetic_batch  # noqa: E402
 
 gc.freeze()
@@ -156,7 +156,24 @@ def train_twice(out_dir: Path, argv: list[str]) -> None:
     assert cli.main([a if a != "--config.eval_every=0" else "--config.eval_every=-1" for a in argv]) == 0
 
 
+def fork_peer(path: str) -> int:
+    """Process 1 forked from this one, its output to ``path``: its pid here, 0 in it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        die_with_parent()  # SIGKILL when process 0 ends (the test's timeout kills it)
+        os.environ["GQA_JAX_PROCESS_ID"] = "1"
+        with open(path, "wb") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+    return pid
+
+
 if __name__ == "__main__":
+    peer = os.environ.pop("GQA_JAX_FORK_PEER", None)
+    peer_pid = fork_peer(peer) if peer else 0
+    distributed.initialize_distributed()  # before anything touches the devices
     args, train_args = sys.argv[1:], []
     if "--" in args:
         args, train_args = args[: args.index("--")], args[args.index("--") + 1 :]
@@ -164,3 +181,6 @@ if __name__ == "__main__":
     load_across_processes(Path(args[0]))
     if train_args:
         train_twice(Path(args[0]), train_args)
+    jax.distributed.shutdown()  # both at its barrier before process 0 waits for process 1 to exit
+    if peer_pid and os.waitstatus_to_exitcode(os.waitpid(peer_pid, 0)[1]):
+        sys.exit(f"process 1 failed: see {peer}")

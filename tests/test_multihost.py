@@ -1,7 +1,8 @@
 """Two local processes with 4 simulated CPU devices each (gloo collectives, coordinator on
-127.0.0.1), one pair for every multi-process check: a train step, greedy decoding and a checkpoint
-round trip equal the one-process run; both load one T5X checkpoint onto a 1x8 mesh, each reading
-only its own devices' blocks; and ``train`` over both resumes exactly."""
+127.0.0.1; the second forked from the first after its imports), one pair for every multi-process
+check: a train step, greedy decoding and a checkpoint round trip equal the one-process run; both
+load one T5X checkpoint onto a 1x8 mesh, each reading only its own devices' blocks; and ``train``
+over both resumes exactly."""
 
 import json
 import socket
@@ -54,32 +55,26 @@ def reference(k: int) -> dict:
 
 
 def two_processes(out_dir, env, train_args=()):
-    """tests/multihost_worker.py as two processes x 4 CPU devices; returns their outputs."""
-    port = _free_port()
-    procs = []
-    for pid in range(2):
-        penv = dict(
-            xla_env.cpu_devices(4, env),
-            GQA_JAX_COORDINATOR=f"127.0.0.1:{port}",
-            GQA_JAX_NUM_PROCESSES="2",
-            GQA_JAX_PROCESS_ID=str(pid),
-        )
-        argv = [sys.executable, str(HERE / "multihost_worker.py"), str(out_dir), *CASES, "--", *train_args]
-        procs.append(
-            subprocess.Popen(
-                argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE.parent
-            )
-        )
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("the two processes did not finish in 600 s")
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-4000:]
+    """tests/multihost_worker.py as two processes x 4 CPU devices (process 1 forked from process 0
+    after the imports); returns their outputs."""
+    peer = out_dir / "process1.log"
+    penv = dict(
+        xla_env.cpu_devices(4, env),
+        GQA_JAX_COORDINATOR=f"127.0.0.1:{_free_port()}",
+        GQA_JAX_NUM_PROCESSES="2",
+        GQA_JAX_PROCESS_ID="0",
+        GQA_JAX_FORK_PEER=str(peer),
+    )
+    argv = [sys.executable, str(HERE / "multihost_worker.py"), str(out_dir), *CASES, "--", *train_args]
+    proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=HERE.parent)  # fmt: skip
+    try:
+        out = proc.communicate(timeout=600)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()  # and process 1 with it (tests/multihost_worker.py)
+        pytest.fail("the two processes did not finish in 600 s")
+    outputs = [out, peer.read_text() if peer.exists() else ""]
+    assert proc.returncode == 0, outputs[0][-4000:] + "\n--- process 1:\n" + outputs[1][-4000:]
     return outputs
 
 

@@ -8,7 +8,8 @@ runner dies), its exit code (``-N`` when signal N ended it) reported back to the
 
 Protocol, one JSON object a line: the runner writes ``{"argv": [...], "log": PATH}`` (``argv``
 after ``python -m gqa_jax``); the server answers ``{"pid": PID}`` once the child is forked, and
-``{"ended": PID, "rc": RC}`` when a child has exited. It exits when the runner closes its stdin.
+``{"ended": PID, "rc": RC}`` as soon as a child has exited (SIGCHLD wakes it); the runner, waiting
+on that pipe (``Server.wait``), hears of it at once. It exits when the runner closes its stdin.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -49,7 +51,6 @@ PRELOAD = (
     "gqa_jax.tools.t_infer",
 )
 SERVE = "from gqa_jax.experiments import forks; forks.serve()"  # the server's ``python -c``
-POLL_S = 0.05  # how often the server looks for children that ended
 
 
 def _libc_prctl() -> Any:
@@ -133,6 +134,13 @@ class Server:
         if self._proc is not None:
             self._read(wait=False)
 
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` s, less if the server has something to say (a run ended)."""
+        if self._proc is None or self._proc.stdout.closed or self._proc.poll() is not None:
+            time.sleep(timeout)
+        else:
+            _await([self._proc.stdout.fileno()], timeout)
+
     def _read(self, wait: bool) -> list[dict]:
         """The server's messages that have come (with ``wait``, at least one: an error if it has
         ended); its end reads as every child killed (SIGKILL reaches them when it dies)."""
@@ -185,9 +193,17 @@ def serve() -> None:
     # evaluate run: 1.6 -> 1.1 s.
     gc.freeze()
     os.set_blocking(0, False)
+    # a child's exit wakes the select below (SIGCHLD's handler does nothing; its wake-up fd is read)
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     buffer = b""
     while True:
-        if _idle(0, POLL_S):
+        readable = _readable([0, woken])
+        if woken in readable:
+            os.read(woken, 4096)
+        if 0 in readable:
             data = os.read(0, 65536)
             if not data:  # the runner closed our stdin, or died
                 return
@@ -200,14 +216,19 @@ def serve() -> None:
                 server = os.getpid()
                 pid = os.fork()
                 if pid == 0:
-                    _run_child(request, answers, server)  # never returns
+                    _run_child(request, answers, server, (woken, wake))  # never returns
                 os.write(answers, json.dumps({"pid": pid}).encode() + b"\n")
         _report_ended(answers)
 
 
-def _idle(fd: int, timeout: float) -> bool:
-    """Wait up to ``timeout`` s for ``fd`` to be readable."""
-    return bool(select.select([fd], [], [], timeout)[0])
+def _await(fds: list[int], timeout: float) -> None:
+    """Wait up to ``timeout`` s for one of ``fds`` to be readable."""
+    select.select(fds, [], [], timeout)
+
+
+def _readable(fds: list[int]) -> list[int]:
+    """Wait until one of ``fds`` can be read (a request, or a child's exit); those that can."""
+    return select.select(fds, [], [])[0]
 
 
 def _report_ended(answers: int) -> None:
@@ -222,7 +243,7 @@ def _report_ended(answers: int) -> None:
         os.write(answers, json.dumps({"ended": pid, "rc": rc}).encode() + b"\n")
 
 
-def _run_child(request: dict, answers: int, server: int) -> None:
+def _run_child(request: dict, answers: int, server: int, wake_pipe: tuple[int, int]) -> None:
     """In the forked child: run ``python -m gqa_jax ARGV`` as that command runs (``runpy``, as
     ``-m`` does) and exit as it exits (the interpreter's own exit: atexit handlers, threads
     joined, output flushed). A server that died between the fork and ``die_with_parent`` sent no
@@ -231,7 +252,10 @@ def _run_child(request: dict, answers: int, server: int) -> None:
     die_with_parent()
     if os.getppid() != server:
         os._exit(128 + signal.SIGKILL)
-    os.close(answers)
+    signal.set_wakeup_fd(-1)  # the server's, as a fresh interpreter has none
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in (answers, *wake_pipe):
+        os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(null, 0)

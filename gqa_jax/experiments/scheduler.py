@@ -302,7 +302,7 @@ class Scheduler:
                 self.setup.gate.idle()  # the other runners' runs may start now
             if ended or (not self.running and time.time() >= until):
                 break
-            time.sleep(0.1)
+            self.forks.wait(0.1)  # woken at once when a forked run ends; others polled
 
     def _stop_children(self) -> None:
         """Pass the interrupt on to every running child and wait for them (``STOP_WAIT_S``, then

@@ -36,9 +36,9 @@ TIMED = {
     "gqa_jax.decoding": [("decode", "greedy_decode"), ("decode", "sample_decode")],
     "gqa_jax.beam_search": [("decode", "beam_search")],
     # blocked on a child process or asleep: its time is the child's (or nobody's); the runner's
-    # fork server waiting for a request
+    # fork server waiting for a request or a child's exit, the runner waiting for its answer
     "subprocess": [("wait", "Popen.wait"), ("wait", "Popen.communicate")],
-    "gqa_jax.experiments.forks": [("wait", "_idle")],
+    "gqa_jax.experiments.forks": [("wait", "_readable"), ("wait", "_await")],
     "time": [("wait", "sleep")],
 }
 COMPILE_EVENTS = ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration")

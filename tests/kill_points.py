@@ -4,7 +4,7 @@ process that SIGKILLs itself at one chosen point, as a power cut or an OOM kille
 ``python tests/kill_points.py serve``: the same for each request on stdin, one JSON object a line
 (``{"point", "step", "argv", "stderr": PATH}``), in a child forked from this process (its imports
 paid once, not per run; no JAX backend has started here), its stderr written to ``PATH``; the
-answer on stdout is ``{"rc": ...}`` (``-9``: the kill came). ``KillPoints`` is the tests' side.
+answer on stdout is ``{"rc": ...}`` (``-9``: the kill came). tests/test_resume.py starts one.
 
 POINT is one of
   save-start  when checkpoint STEP is about to be written (nothing of it on disk yet)

@@ -8,6 +8,7 @@ restart run in this process (``gqa_jax.__main__.main``: a process start costs se
 and they are not what is killed)."""
 
 import json
+import select
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ class KillPoints:
         request = {"point": point, "step": step, "argv": argv, "stderr": str(err)}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
+        assert select.select([self.proc.stdout], [], [], 600)[0], f"the run killed at {point} ran 600 s"
         answer = self.proc.stdout.readline()
         assert answer and json.loads(answer)["rc"] == -signal.SIGKILL, err.read_text()[-3000:]
         return err.read_text()

@@ -3,7 +3,6 @@
 // less), loaded through memcpy so that no alignment is assumed.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -43,28 +42,6 @@ inline f16v load(const T* p) {
     return r;
 #endif
   }
-}
-
-inline f16v splat(float x) { return f16v{} + x; }
-
-inline float lane_max(f16v x) {
-  float m = x[0];
-  for (int i = 1; i < L; ++i) m = std::max(m, x[i]);
-  return m;
-}
-
-inline float lane_sum(f16v x) {
-  float t = 0.f;
-  for (int i = 0; i < L; ++i) t += x[i];
-  return t;
-}
-
-// p[0, n) as a vector, lanes from n on 0 (n < L: a block's tail past the buffer's end).
-inline f16v load_part(const float* p, int64_t n) {
-  if (n >= L) return load(p);
-  f16v r = {};
-  std::memcpy(&r, p, n * sizeof(float));
-  return r;
 }
 
 }  // namespace gqa_jax_cpu

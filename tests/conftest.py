@@ -1,7 +1,7 @@
 """Shared fixtures, built once per test session: a tiny SentencePiece vocabulary, and the
 embedded suite's corpus and docsum datasets from 16 stdlib files (for the subprocess tests).
 
-The session's processes (both xdist workers and every subprocess a test starts) share four
+The session's processes (both xdist workers and every subprocess a test starts) share five
 settings, all about compile time, which is most of this suite's time (tiny programs, each run a
 few times); what the tests check does not depend on them (the suite passes either way; benchmarks
 are not tests), and docs/results/testing.md has what each saved:
@@ -10,7 +10,9 @@ are not tests), and docs/results/testing.md has what each saved:
   (``--xla_cpu_use_fusion_emitters=false``): they compile tiny fusions faster;
 - each program's machine code generated in one piece, not split for threads
   (``--xla_cpu_parallel_codegen_split_count=1``): the two workers keep both cores busy already;
-- one JAX persistent compilation cache: many tests compile the same programs, in other processes.
+- one JAX persistent compilation cache: many tests compile the same programs, in other processes;
+- MLIR contexts that hold only the dialects JAX's lowering uses (tests/startup/lean_lowering.py, in
+  every process through tests/startup/sitecustomize.py on ``PYTHONPATH``).
 """
 
 import fcntl
@@ -34,6 +36,7 @@ CORPUS_WORDS = (
 ).split()
 
 
+STARTUP = Path(__file__).resolve().parent / "startup"  # the suite's processes load its sitecustomize
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 COSTS_ENV = "GQA_JAX_TEST_COSTS"  # a folder: what each test's time pays for (tests/suite_costs/)
 FAST_COMPILE = (
@@ -55,8 +58,16 @@ def pytest_configure(config):
     # are kept.
     if costs := _costs():  # this process's subprocesses are its test's (tests/suite_costs/)
         os.environ[costs.WORKER_ENV] = str(os.getpid())
+    sys.path.append(str(STARTUP))
+    import lean_lowering
+
+    lean_lowering.install()  # here too where this process did not start with tests/startup on its path
     if hasattr(config, "workerinput"):
         return
+    # after any folder the user put there: a sitecustomize of theirs (tests/suite_costs/) runs instead
+    # of tests/startup's, and installs the same
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, str(STARTUP)])
     flags = os.environ.get("XLA_FLAGS", "")
     for flag in FAST_COMPILE:
         if flag.split("=")[0] not in flags:

@@ -2,8 +2,8 @@
 the XLA flags of tests/conftest.py: what a test checks does not depend on it).
 
 jax 0.10.2 makes a new MLIR context for every function it lowers, and loads every dialect it links
-into it (``mlir.make_ir_context``: ``load_all_available_dialects``), Pallas's included: 5-6 ms of a
-tiny function's 40-50 ms from ``jax.jit`` to a compiled program, and as much again to free it. Here
+into it (``mlir.make_ir_context``: ``load_all_available_dialects``), Pallas's included: 6 ms a
+context (1 ms here), of a tiny function's 45 ms from ``jax.jit`` to a compiled program. Here
 the context loads ``func`` and JAX's own dialects (StableHLO, CHLO, MHLO, Shardy, MPMD), which are
 all that JAX's lowering outside Pallas emits; an operation of any other dialect fails to build
 (``operation was not registered``), it does not lower differently.
